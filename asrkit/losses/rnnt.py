@@ -1,0 +1,369 @@
+"""Native TensorFlow RNN-Transducer loss with a hand-written gradient.
+
+Owns `rnnt_loss` (per-utterance −log P(y|x)) and the Keras-friendly `RNNTLoss` wrapper.
+
+How it is computed (shapes: B batch, T frames, U labels, V vocabulary):
+
+* Only three [B, T, U+1] slices of the joint output are ever materialised: the
+  log-sum-exp over V, the blank logit and the next-label logit (the warp-rnnt "gather"
+  idea). Nothing of size [B, T, U+1, V] is kept between forward and backward except
+  the logits themselves.
+* The forward (alpha) and backward (beta) variables are computed along anti-diagonals
+  t + u = n of the lattice, so each of the T + U sequential steps is one vectorised
+  log-add-exp over [B, U+1]. The lattice is skewed into diagonal layout once with a
+  pad-and-reshape trick (no gathers, XLA friendly).
+* The gradient is softmax · occupancy − alignment posteriors, built in the backward
+  pass from alpha/beta; padding outside (T_b, U_b) gets exactly zero.
+
+Invalid lattice cells hold a large negative finite number instead of −inf, so
+log-add-exp never sees inf − inf and no NaN can leak from padding.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import tensorflow as tf
+
+import keras
+
+# "log of zero" for lattice cells outside an utterance; finite so that inf - inf never occurs.
+_LOG_ZERO = -1.0e30
+
+REDUCTIONS = ("none", "sum", "mean_utterances", "mean_tokens")
+
+
+def rnnt_loss(
+    logits: tf.Tensor,
+    labels: tf.Tensor,
+    logit_lengths: tf.Tensor,
+    label_lengths: tf.Tensor,
+    blank: int = 0,
+    fused_log_softmax: bool = True,
+) -> tf.Tensor:
+    """Per-utterance RNN-T loss −log P(y|x).
+
+    Args:
+      logits: [B, T, U+1, V] joint output, any float dtype (maths runs in float32).
+        With `fused_log_softmax=False` these must already be log-probabilities.
+      labels: [B, U] int targets; entries at u >= label_lengths[b] are padding and
+        are never read. May be [B, 0].
+      logit_lengths: [B] int, frames per utterance, 1 <= T_b <= T.
+      label_lengths: [B] int, labels per utterance, 0 <= U_b <= U.
+      blank: index of the blank symbol in [0, V).
+      fused_log_softmax: apply log-softmax over V inside the loss (gradients are then
+        with respect to the raw logits).
+
+    Returns:
+      [B] float32 losses. The gradient with respect to `logits` has `logits.dtype`
+      and is exactly zero outside each utterance's (T_b, U_b+1) region.
+    """
+    logits = tf.convert_to_tensor(logits)
+    if not logits.dtype.is_floating:
+        raise TypeError(f"rnnt_loss: logits must be floating point, got {logits.dtype.name}")
+    labels = tf.cast(tf.convert_to_tensor(labels), tf.int32)
+    logit_lengths = tf.cast(tf.convert_to_tensor(logit_lengths), tf.int32)
+    label_lengths = tf.cast(tf.convert_to_tensor(label_lengths), tf.int32)
+    blank = int(blank)
+    _check_static(logits, labels, logit_lengths, label_lengths, blank)
+    checks = _runtime_checks(logits, labels, logit_lengths, label_lengths, blank)
+    with tf.control_dependencies(checks):
+        logits = tf.identity(logits)
+    return _rnnt_loss_with_grad(
+        logits, labels, logit_lengths, label_lengths, blank, bool(fused_log_softmax)
+    )
+
+
+def _check_static(logits, labels, logit_lengths, label_lengths, blank):
+    """Errors that can be raised while tracing, from static shapes alone."""
+    if logits.shape.rank is not None and logits.shape.rank != 4:
+        raise ValueError(f"rnnt_loss: logits must be [B, T, U+1, V], got shape {logits.shape}")
+    if labels.shape.rank is not None and labels.shape.rank != 2:
+        raise ValueError(f"rnnt_loss: labels must be [B, U], got shape {labels.shape}")
+    for name, t in (("logit_lengths", logit_lengths), ("label_lengths", label_lengths)):
+        if t.shape.rank is not None and t.shape.rank != 1:
+            raise ValueError(f"rnnt_loss: {name} must be [B], got shape {t.shape}")
+    batch = [logits.shape[0], labels.shape[0], logit_lengths.shape[0], label_lengths.shape[0]]
+    known = {b for b in batch if b is not None}
+    if len(known) > 1:
+        raise ValueError(
+            "rnnt_loss: batch sizes differ: logits %s, labels %s, logit_lengths %s, "
+            "label_lengths %s" % tuple(batch)
+        )
+    u1, max_u = logits.shape[2], labels.shape[1]
+    if u1 is not None and max_u is not None and u1 != max_u + 1:
+        raise ValueError(
+            f"rnnt_loss: logits.shape[2] must be labels.shape[1] + 1 (U+1), got {u1} and {max_u}"
+        )
+    vocab = logits.shape[3]
+    if vocab is not None and not 0 <= blank < vocab:
+        raise ValueError(f"rnnt_loss: blank={blank} is outside [0, V={vocab})")
+    if blank < 0:
+        raise ValueError(f"rnnt_loss: blank={blank} must be >= 0")
+
+
+def _runtime_checks(logits, labels, logit_lengths, label_lengths, blank):
+    """Assertions on values; they raise in eager and graph mode (XLA compiles them away)."""
+    shape = tf.shape(logits)
+    batch, frames, vocab = shape[0], shape[1], shape[3]
+    max_u = tf.shape(labels)[1]
+    label_valid = tf.range(max_u)[None, :] < label_lengths[:, None]
+    valid_labels = tf.boolean_mask(labels, label_valid)
+    return [
+        tf.debugging.assert_equal(shape[2], max_u + 1, message="rnnt_loss: logits.shape[2] != U+1"),
+        tf.debugging.assert_equal(
+            tf.stack([tf.shape(labels)[0], tf.size(logit_lengths), tf.size(label_lengths)]),
+            tf.fill([3], batch),
+            message="rnnt_loss: labels/logit_lengths/label_lengths batch size != logits batch size",
+        ),
+        tf.debugging.assert_less(blank, vocab, message="rnnt_loss: blank must be < V"),
+        tf.debugging.assert_greater_equal(
+            logit_lengths, 1, message="rnnt_loss: logit_lengths must be >= 1"
+        ),
+        tf.debugging.assert_less_equal(
+            logit_lengths, frames, message="rnnt_loss: logit_lengths must be <= logits.shape[1]"
+        ),
+        tf.debugging.assert_non_negative(
+            label_lengths, message="rnnt_loss: label_lengths must be >= 0"
+        ),
+        tf.debugging.assert_less_equal(
+            label_lengths, max_u, message="rnnt_loss: label_lengths must be <= labels.shape[1] (U)"
+        ),
+        tf.debugging.assert_non_negative(valid_labels, message="rnnt_loss: labels must be >= 0"),
+        tf.debugging.assert_less(valid_labels, vocab, message="rnnt_loss: labels must be < V"),
+        tf.debugging.Assert(
+            tf.reduce_all(tf.not_equal(valid_labels, blank)),
+            ["rnnt_loss: a label equals the blank id", blank],
+        ),
+    ]
+
+
+def _skew(x: tf.Tensor, fill: float) -> tf.Tensor:
+    """[B, T, U1] -> [T+U1-1, B, U1] with out[n, b, u] = x[b, n-u, u] (else `fill`).
+
+    Row u of x^T is shifted right by u by padding each row to width W+1 (W = T+U1-1)
+    and re-reading the flat buffer with row width W.
+    """
+    shape = tf.shape(x)
+    batch, frames, u1 = shape[0], shape[1], shape[2]
+    width = frames + u1 - 1
+    rows = tf.pad(tf.transpose(x, [0, 2, 1]), [[0, 0], [0, 0], [0, u1]], constant_values=fill)
+    flat = tf.reshape(rows, [batch, u1 * (width + 1)])[:, : u1 * width]
+    return tf.transpose(tf.reshape(flat, [batch, u1, width]), [2, 0, 1])
+
+
+def _unskew(d: tf.Tensor, frames: tf.Tensor) -> tf.Tensor:
+    """Inverse of `_skew`: [T+U1-1, B, U1] -> [B, T, U1]."""
+    shape = tf.shape(d)
+    width, batch, u1 = shape[0], shape[1], shape[2]
+    flat = tf.reshape(tf.transpose(d, [1, 2, 0]), [batch, u1 * width])
+    rows = tf.reshape(tf.pad(flat, [[0, 0], [0, u1]]), [batch, u1, width + 1])[:, :, :frames]
+    return tf.transpose(rows, [0, 2, 1])
+
+
+def _log_add(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    big = tf.maximum(a, b)
+    return tf.maximum(big + tf.math.log1p(tf.exp(-tf.abs(a - b))), _LOG_ZERO)
+
+
+def _shift_up(x: tf.Tensor) -> tf.Tensor:
+    """x[..., u] -> x[..., u-1] (index 0 gets log-zero)."""
+    fill = tf.fill(tf.concat([tf.shape(x)[:-1], [1]], 0), _LOG_ZERO)
+    return tf.concat([fill, x[..., :-1]], axis=-1)
+
+
+def _shift_down(x: tf.Tensor) -> tf.Tensor:
+    """x[..., u] -> x[..., u+1] (last index gets log-zero)."""
+    fill = tf.fill(tf.concat([tf.shape(x)[:-1], [1]], 0), _LOG_ZERO)
+    return tf.concat([x[..., 1:], fill], axis=-1)
+
+
+def _emission_log_probs(x, labels, logit_lengths, label_lengths, blank, fused):
+    """Blank and next-label log-probs [B, T, U+1] (log-zero outside the lattice) and LSE."""
+    shape = tf.shape(x)
+    frames, u1 = shape[1], shape[2]
+    max_u = u1 - 1
+    label_valid = tf.range(max_u)[None, :] < label_lengths[:, None]  # [B, U]
+    next_label = tf.pad(tf.where(label_valid, labels, 0), [[0, 0], [0, 1]])  # [B, U+1]
+    index = tf.stack([tf.fill(tf.shape(next_label), blank), next_label], axis=-1)  # [B, U+1, 2]
+    index = tf.broadcast_to(index[:, None], [shape[0], frames, u1, 2])
+    picked = tf.gather(x, index, batch_dims=3)  # [B, T, U+1, 2]
+    lse = tf.reduce_logsumexp(x, axis=-1) if fused else None
+    if fused:
+        picked = picked - lse[..., None]
+    t_valid = tf.range(frames)[None, :] < logit_lengths[:, None]  # [B, T]
+    u_valid = tf.range(u1)[None, :] <= label_lengths[:, None]  # [B, U+1]
+    node_valid = t_valid[:, :, None] & u_valid[:, None, :]
+    edge_valid = t_valid[:, :, None] & (tf.range(u1)[None, :] < label_lengths[:, None])[:, None]
+    log_blank = tf.where(node_valid, picked[..., 0], _LOG_ZERO)
+    log_label = tf.where(edge_valid, picked[..., 1], _LOG_ZERO)
+    return log_blank, log_label, next_label, lse
+
+
+def _forward_backward(log_blank, log_label, logit_lengths, label_lengths):
+    """Alpha, beta (diagonal layout [T+U, B, U+1]), terminal mask and log P(y|x) [B]."""
+    blank_d = _skew(log_blank, _LOG_ZERO)
+    label_d = _skew(log_label, _LOG_ZERO)
+    width, batch, u1 = tf.shape(blank_d)[0], tf.shape(blank_d)[1], tf.shape(blank_d)[2]
+
+    alpha0 = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, u1 - 1], _LOG_ZERO)], axis=1)
+
+    def alpha_step(prev, elems):
+        prev_blank, prev_label = elems
+        return _log_add(prev + prev_blank, _shift_up(prev + prev_label))
+
+    if blank_d.shape[0] == 1:  # T = 1 and U = 0: XLA cannot compile a scan over nothing
+        alpha = alpha0[None]
+    else:
+        alpha_rest = tf.scan(alpha_step, (blank_d[:-1], label_d[:-1]), initializer=alpha0)
+        alpha = tf.concat([alpha0[None], alpha_rest], axis=0)
+
+    final_diag = logit_lengths - 1 + label_lengths  # [B]
+    terminal = tf.logical_and(
+        tf.range(width)[:, None, None] == final_diag[None, :, None],
+        tf.range(u1)[None, None, :] == label_lengths[None, :, None],
+    )  # [T+U, B, U+1]
+
+    def beta_step(nxt, elems):
+        blank_n, label_n, term_n = elems
+        beta = _log_add(nxt + blank_n, _shift_down(nxt) + label_n)
+        return tf.where(term_n, blank_n, beta)
+
+    beta = tf.scan(
+        beta_step,
+        (blank_d, label_d, terminal),
+        initializer=tf.fill([batch, u1], _LOG_ZERO),
+        reverse=True,
+    )
+    index = tf.stack([final_diag, tf.range(batch), label_lengths], axis=1)
+    log_prob = tf.gather_nd(alpha, index) + tf.gather_nd(blank_d, index)
+    return alpha, beta, blank_d, label_d, terminal, log_prob
+
+
+def _rnnt_loss_with_grad(logits, labels, logit_lengths, label_lengths, blank, fused):
+    @tf.custom_gradient
+    def core(logits):
+        # stop_gradient: the tape must not differentiate through the compiled forward.
+        x = tf.stop_gradient(logits)
+        saved = _forward(x, labels, logit_lengths, label_lengths, blank, fused)
+
+        def grad(upstream):
+            return _backward(x, upstream, saved, blank, fused)
+
+        return -saved.log_prob, grad
+
+    return core(logits)
+
+
+class _Lattice(NamedTuple):
+    """What the forward pass keeps for the backward pass (all small: no V axis)."""
+
+    log_prob: tf.Tensor  # [B]
+    lse: tf.Tensor | None  # [B, T, U+1] log-sum-exp over V (fused only)
+    next_label: tf.Tensor  # [B, U+1]
+    alpha: tf.Tensor  # [T+U, B, U+1] diagonal layout
+    beta: tf.Tensor  # [T+U, B, U+1]
+    blank_d: tf.Tensor  # [T+U, B, U+1]
+    label_d: tf.Tensor  # [T+U, B, U+1]
+    terminal: tf.Tensor  # [T+U, B, U+1] bool
+
+
+def _forward(logits, labels, logit_lengths, label_lengths, blank, fused):
+    x = tf.cast(logits, tf.float32)
+    log_blank, log_label, next_label, lse = _emission_log_probs(
+        x, labels, logit_lengths, label_lengths, blank, fused
+    )
+    alpha, beta, blank_d, label_d, terminal, log_prob = _forward_backward(
+        log_blank, log_label, logit_lengths, label_lengths
+    )
+    return _Lattice(log_prob, lse, next_label, alpha, beta, blank_d, label_d, terminal)
+
+
+# XLA-compiled even when the caller is not: XLA writes the scatter into the dense softmax
+# buffer in place, where TensorFlow's TensorScatterSub kernel copies it (2x the logits), and
+# fuses the whole [B, T, U+1, V] expression into one pass. It holds no loop, so compiling
+# it for a new shape is cheap.
+@functools.partial(tf.function, jit_compile=True, reduce_retracing=True)
+def _backward(logits, upstream, saved: _Lattice, blank, fused):
+    """d(Σ_b upstream_b · loss_b)/d logits = upstream_b · (softmax · occupancy − posteriors)."""
+    upstream = tf.cast(upstream, tf.float32)
+    beta_next = tf.concat([saved.beta[1:], tf.fill(tf.shape(saved.beta[:1]), _LOG_ZERO)], axis=0)
+    # Fold |upstream| into the exponent so scaling costs no extra [B,T,U+1] pass.
+    norm = (saved.log_prob - tf.math.log(tf.abs(upstream)))[None, :, None]
+    sign = tf.sign(upstream)[:, None, None]  # [B, 1, 1]
+    alpha = saved.alpha
+    post_blank = tf.exp(alpha + saved.blank_d + tf.where(saved.terminal, 0.0, beta_next) - norm)
+    post_label = tf.exp(alpha + saved.label_d + _shift_down(beta_next) - norm)
+    frames = tf.shape(logits)[1]
+    post_blank = _unskew(post_blank, frames) * sign  # [B, T, U+1]
+    post_label = _unskew(post_label, frames) * sign
+    x = tf.cast(logits, tf.float32)
+    shape = tf.shape(x)
+    vocab = shape[3]
+    cells = shape[0] * shape[1] * shape[2]
+    if fused:
+        occupancy = post_blank + post_label
+        dense = tf.exp(x - saved.lse[..., None]) * occupancy[..., None]
+    else:
+        dense = tf.zeros_like(x)
+    label_col = tf.broadcast_to(saved.next_label[:, None, :], tf.shape(post_label))
+    rows = tf.range(cells)
+    index = tf.concat(
+        [
+            tf.stack([rows, tf.fill([cells], blank)], axis=1),
+            tf.stack([rows, tf.reshape(label_col, [cells])], axis=1),
+        ],
+        axis=0,
+    )
+    updates = tf.concat([tf.reshape(post_blank, [cells]), tf.reshape(post_label, [cells])], 0)
+    flat = tf.tensor_scatter_nd_sub(tf.reshape(dense, [cells, vocab]), index, updates)
+    return tf.cast(tf.reshape(flat, shape), logits.dtype)
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class RNNTLoss:
+    """Keras-friendly RNN-T loss with a documented reduction.
+
+    `RNNTLoss(reduction=...)(logits, labels, logit_lengths, label_lengths)`:
+
+    * ``"none"``: per-utterance losses, [B];
+    * ``"sum"``: sum over utterances (what gradient accumulation wants: divide by the
+      window's total count yourself);
+    * ``"mean_utterances"``: sum / B;
+    * ``"mean_tokens"``: sum / Σ label_lengths (a batch with no tokens divides by 1).
+    """
+
+    def __init__(
+        self, blank: int = 0, reduction: str = "mean_utterances", fused_log_softmax: bool = True
+    ):
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"RNNTLoss: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        self.blank = int(blank)
+        self.reduction = reduction
+        self.fused_log_softmax = bool(fused_log_softmax)
+
+    def __call__(self, logits, labels, logit_lengths, label_lengths) -> tf.Tensor:
+        losses = rnnt_loss(
+            logits, labels, logit_lengths, label_lengths, self.blank, self.fused_log_softmax
+        )
+        if self.reduction == "none":
+            return losses
+        total = tf.reduce_sum(losses)
+        if self.reduction == "sum":
+            return total
+        if self.reduction == "mean_utterances":
+            return total / tf.cast(tf.maximum(tf.size(losses), 1), tf.float32)
+        tokens = tf.reduce_sum(tf.cast(label_lengths, tf.float32))
+        return total / tf.maximum(tokens, 1.0)
+
+    def get_config(self) -> dict:
+        return {
+            "blank": self.blank,
+            "reduction": self.reduction,
+            "fused_log_softmax": self.fused_log_softmax,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict) -> RNNTLoss:
+        return cls(**config)

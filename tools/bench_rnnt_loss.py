@@ -1,0 +1,155 @@
+"""Benchmark asrkit's RNN-T loss against an autodiff-through-the-recursion baseline.
+
+For each shape (B, T, U, V) and each implementation, with and without XLA, prints the median
+forward+backward wall time and the extra peak process memory, also as a multiple of the
+logits' size. Extra peak = VmHWM during the timed passes minus the resident size before them
+(after one warm-up pass, which includes tracing/compilation, and a malloc_trim); the gradient
+itself (1x the logits) is part of it. Every configuration runs in its own subprocess.
+
+    python tools/bench_rnnt_loss.py                       # the three reference shapes
+    python tools/bench_rnnt_loss.py --shapes 4,50,10,64   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+DEFAULT_SHAPES = ["8,150,40,256", "16,300,80,512", "16,400,100,1024"]
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _release_free_heap() -> None:
+    """Give freed heap pages back to the OS so the next peak is measured from live memory."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _autodiff_baseline(logits, labels, logit_lengths, label_lengths):
+    """The textbook TF approach: log_softmax over V, then autodiff through the alpha recursion."""
+    import tensorflow as tf
+
+    from asrkit.losses.rnnt import _LOG_ZERO, _log_add, _shift_up, _skew
+
+    log_probs = tf.nn.log_softmax(logits, axis=-1)
+    shape = tf.shape(logits)
+    batch, frames, u1 = shape[0], shape[1], shape[2]
+    next_label = tf.pad(labels, [[0, 0], [0, 1]])
+    log_blank = log_probs[..., 0]
+    index = tf.broadcast_to(next_label[:, None, :], [batch, frames, u1])
+    log_label = tf.gather(log_probs, index, batch_dims=3)
+    t_ok = tf.range(frames)[None, :] < logit_lengths[:, None]
+    node = t_ok[:, :, None] & (tf.range(u1)[None, :] <= label_lengths[:, None])[:, None]
+    edge = t_ok[:, :, None] & (tf.range(u1)[None, :] < label_lengths[:, None])[:, None]
+    blank_d = _skew(tf.where(node, log_blank, _LOG_ZERO), _LOG_ZERO)
+    label_d = _skew(tf.where(edge, log_label, _LOG_ZERO), _LOG_ZERO)
+    alpha0 = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, u1 - 1], _LOG_ZERO)], axis=1)
+
+    def step(prev, elems):
+        return _log_add(prev + elems[0], _shift_up(prev + elems[1]))
+
+    alpha = tf.concat([alpha0[None], tf.scan(step, (blank_d[:-1], label_d[:-1]), alpha0)], 0)
+    index = tf.stack([logit_lengths - 1 + label_lengths, tf.range(batch), label_lengths], 1)
+    return -(tf.gather_nd(alpha, index) + tf.gather_nd(blank_d, index))
+
+
+def run_one(shape: tuple[int, int, int, int], impl: str, xla: bool, reps: int) -> dict:
+    """Runs in the child process: times `reps` forward+backward passes after one warm-up."""
+    import numpy as np
+    import tensorflow as tf
+
+    from asrkit.losses import rnnt_loss
+
+    batch, frames, max_u, vocab = shape
+    rng = np.random.default_rng(0)
+    logits = tf.constant(rng.standard_normal((batch, frames, max_u + 1, vocab), np.float32))
+    labels = tf.constant(rng.integers(1, vocab, (batch, max_u)), tf.int32)
+    logit_lengths = tf.fill([batch], frames)
+    label_lengths = tf.fill([batch], max_u)
+    loss_fn = rnnt_loss if impl == "asrkit" else _autodiff_baseline
+
+    @tf.function(jit_compile=xla)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            total = tf.reduce_sum(loss_fn(x, labels, logit_lengths, label_lengths))
+        return total, tape.gradient(total, x)
+
+    total, grad = step(logits)  # warm-up: tracing and XLA compilation are not measured
+    del grad
+    _release_free_heap()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident size
+    base_kib = _rss_kib("VmRSS")
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        total, grad = step(logits)
+        float(grad[0, 0, 0, 0])  # wait for the result (grad.numpy() would copy 1x the logits)
+        times.append(time.perf_counter() - start)
+        del grad
+    extra = (_rss_kib("VmHWM") - base_kib) * 1024
+    logits_bytes = logits.shape.num_elements() * 4
+    return {
+        "shape": list(shape),
+        "impl": impl,
+        "xla": xla,
+        "median_s": statistics.median(times),
+        "extra_peak_gib": extra / 2**30,
+        "extra_peak_x_logits": extra / logits_bytes,
+        "logits_gib": logits_bytes / 2**30,
+        "loss": float(total),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="B,T,U,V")
+    parser.add_argument("--impls", nargs="+", default=["asrkit", "autodiff"])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        spec = json.loads(args.child)
+        print(json.dumps(run_one(tuple(spec["shape"]), spec["impl"], spec["xla"], args.reps)))
+        return
+
+    # oneDNN builds route large CPU allocations through a caching BFC pool that never returns
+    # memory to the OS, which would hide the peak; with oneDNN opts off TF uses plain malloc.
+    # The loss uses no oneDNN kernels (no matmul/conv), so timings are unaffected.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0")
+    print(f"{'B,T,U,V':>18} {'impl':>9} {'xla':>4} {'median s':>9} {'extra GiB':>10} {'x logits':>9}")
+    for text in args.shapes:
+        shape = [int(v) for v in text.split(",")]
+        for impl in args.impls:
+            for xla in (False, True):
+                spec = json.dumps({"shape": shape, "impl": impl, "xla": xla})
+                cmd = [sys.executable, __file__, "--child", spec, "--reps", str(args.reps)]
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                if proc.returncode != 0:
+                    tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+                    print(f"{text:>18} {impl:>9} {xla!s:>4}  failed: {tail[0]}")
+                    continue
+                r = json.loads(proc.stdout.strip().splitlines()[-1])
+                print(
+                    f"{text:>18} {impl:>9} {xla!s:>4} {r['median_s']:9.3f} "
+                    f"{r['extra_peak_gib']:10.2f} {r['extra_peak_x_logits']:9.2f}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
