@@ -5,8 +5,16 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
+import tensorflow as tf
+
+# Two logical CPU devices so MirroredStrategy tests run on any machine. This must happen
+# before TensorFlow initialises its runtime, hence here, at collection time.
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()],
+)
 
 DATA_DIR = Path(__file__).parent / "data"
 

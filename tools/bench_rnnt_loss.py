@@ -131,7 +131,9 @@ def main() -> None:
     # memory to the OS, which would hide the peak; with oneDNN opts off TF uses plain malloc.
     # The loss uses no oneDNN kernels (no matmul/conv), so timings are unaffected.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0")
-    print(f"{'B,T,U,V':>18} {'impl':>9} {'xla':>4} {'median s':>9} {'extra GiB':>10} {'x logits':>9}")
+    print(
+        f"{'B,T,U,V':>18} {'impl':>9} {'xla':>4} {'median s':>9} {'extra GiB':>10} {'x logits':>9}"
+    )
     for text in args.shapes:
         shape = [int(v) for v in text.split(",")]
         for impl in args.impls:

@@ -24,9 +24,8 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-import tensorflow as tf
-
 import keras
+import tensorflow as tf
 
 # "log of zero" for lattice cells outside an utterance; finite so that inf - inf never occurs.
 _LOG_ZERO = -1.0e30
@@ -88,8 +87,8 @@ def _check_static(logits, labels, logit_lengths, label_lengths, blank):
     known = {b for b in batch if b is not None}
     if len(known) > 1:
         raise ValueError(
-            "rnnt_loss: batch sizes differ: logits %s, labels %s, logit_lengths %s, "
-            "label_lengths %s" % tuple(batch)
+            "rnnt_loss: batch sizes differ: logits {}, labels {}, logit_lengths {}, "
+            "label_lengths {}".format(*batch)
         )
     u1, max_u = logits.shape[2], labels.shape[1]
     if u1 is not None and max_u is not None and u1 != max_u + 1:

@@ -1,0 +1,423 @@
+"""The accumulation engine: one `fit` step = one optimizer update from N micro-batches.
+
+Owns `AccumulatingModel`. A subclass implements `compute_loss_terms(data, training)` and
+returns (sum of per-item losses, number of items) for one micro-batch on one replica.
+One call of the train function ("a window") then:
+
+1. runs up to N micro-steps, each in replica context: forward + backward of `loss_sum`
+   (under float16 loss scaling: of `loss_scale · loss_sum / local_count`, unscaled again
+   in float32), added to replica-local float32 accumulators (no collective, no optimizer
+   call, no branch around a sync point);
+2. all-reduces the accumulated gradients, loss sums and counts once (a single batched
+   all-reduce), divides by the window's *total* count over all micro-batches and
+   replicas, checks finiteness and clips by global norm — all on identical,
+   already-reduced values, so every replica reaches the same decision;
+3. on that decision, either applies the optimizer once (iterations, schedules, weight
+   decay and EMA advance once) or skips the whole window (nothing in the optimizer
+   moves; the loss scale halves if the gradient overflowed).
+
+The decision is taken in Python between two compiled functions, on values identical on
+every replica and worker, so no control flow ever surrounds a cross-replica sync point.
+The optimizer is applied in replica context with the already-reduced gradient, and Keras
+is kept from all-reducing it a second time (see `_gradients_already_reduced`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import keras
+import tensorflow as tf
+
+from asrkit.training.loss_scale import LossScaleSettings, unwrap_optimizer
+
+
+@dataclass(frozen=True)
+class AccumulationSettings:
+    steps: int
+    clip_global_norm: float | None
+    max_consecutive_skips: int
+    jit_compile: bool
+    loss_scale: LossScaleSettings
+
+
+class _EngineState:
+    """Variables the engine needs; a plain object so Keras does not track the accumulators
+    as model weights (they are zero at every window boundary, so never worth saving)."""
+
+    def __init__(self, model: keras.Model, optimizer, settings: AccumulationSettings):
+        variables = model.trainable_variables
+        with model.distribute_strategy.scope():
+            self.grads = [
+                tf.Variable(
+                    tf.zeros(v.shape, tf.float32),
+                    trainable=False,
+                    synchronization=tf.VariableSynchronization.ON_READ,
+                    aggregation=tf.VariableAggregation.SUM,
+                    name=f"accum/{v.path}".replace(":", "_"),
+                )
+                for v in variables
+            ]
+            self.loss_sum, self.count = (
+                tf.Variable(
+                    0.0,
+                    trainable=False,
+                    synchronization=tf.VariableSynchronization.ON_READ,
+                    aggregation=tf.VariableAggregation.SUM,
+                    name=name,
+                )
+                for name in ("accum/loss_sum", "accum/count")
+            )
+            # Running totals of the current epoch (cross-replica, identical everywhere).
+            self.epoch_loss_sum = tf.Variable(0.0, trainable=False, name="epoch_loss_sum")
+            self.epoch_count = tf.Variable(0.0, trainable=False, name="epoch_count")
+            # Saved with the optimizer so a restored run continues exactly.
+            scale = settings.loss_scale.initial_scale if settings.loss_scale.enabled else 1.0
+            self.loss_scale = optimizer.add_variable(
+                (), initializer=keras.initializers.Constant(scale), name="asrkit_loss_scale"
+            )
+            self.growth = optimizer.add_variable((), dtype="int64", name="asrkit_scale_growth")
+            self.skipped = optimizer.add_variable((), dtype="int64", name="asrkit_skipped")
+            self.consecutive = optimizer.add_variable(
+                (), dtype="int64", name="asrkit_consecutive_skips"
+            )
+
+
+class _WindowStats(NamedTuple):
+    """What one window's accumulation returns; identical on every replica and worker."""
+
+    consumed: tf.Tensor  # micro-batches drawn (0: the epoch's data is exhausted)
+    loss_sum: tf.Tensor  # Σ item losses over the window, all replicas
+    count: tf.Tensor  # Σ items over the window, all replicas
+    grad_norm: tf.Tensor  # global norm of the window gradient, before clipping
+    finite: tf.Tensor
+    ok: tf.Tensor  # finite and count > 0: apply the update
+
+
+class AccumulatingModel(keras.Model):
+    """A keras.Model whose `fit` makes exact accumulated updates.
+
+    Subclasses implement `compute_loss_terms`. Each dataset element is one global
+    micro-batch (the strategy splits it across replicas, as Keras does). Keras'
+    `steps_per_execution` is set to the accumulation steps, so the progress bar and
+    `steps_per_epoch` count micro-batches, and callbacks run at window boundaries only.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._loss_tracker = WindowMean(name="loss")  # evaluate(): Σ loss / Σ count
+        self._engine = None
+
+    def compute_loss_terms(self, data, training: bool = True) -> tuple[tf.Tensor, tf.Tensor]:
+        """Forward pass on one micro-batch shard: (scalar sum of item losses, item count)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement compute_loss_terms")
+
+    # ----------------------------------------------------------------------------- compile
+    def compile(
+        self,
+        optimizer="adamw",
+        *,
+        accumulation_steps: int = 1,
+        clip_global_norm: float | None = None,
+        max_consecutive_skips: int = 25,
+        jit_compile: bool = False,
+        run_eagerly: bool = False,
+    ) -> None:
+        if int(accumulation_steps) < 1:
+            raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+        if clip_global_norm is not None and not clip_global_norm > 0:
+            raise ValueError(f"clip_global_norm must be > 0 or None, got {clip_global_norm}")
+        optimizer = keras.optimizers.get(optimizer)
+        policy = keras.mixed_precision.dtype_policy().name
+        inner, loss_scale = unwrap_optimizer(optimizer, policy)
+        self._accumulation = AccumulationSettings(
+            steps=int(accumulation_steps),
+            clip_global_norm=None if clip_global_norm is None else float(clip_global_norm),
+            max_consecutive_skips=int(max_consecutive_skips),
+            jit_compile=bool(jit_compile),
+            loss_scale=loss_scale,
+        )
+        self._engine = None  # rebuilt for the new optimizer on the next fit()
+        super().compile(
+            optimizer=inner,
+            steps_per_execution=int(accumulation_steps),
+            jit_compile=False,
+            run_eagerly=run_eagerly,
+            auto_scale_loss=False,
+        )
+
+    @property
+    def accumulation(self) -> AccumulationSettings:
+        return self._accumulation
+
+    @property
+    def loss_scale(self) -> float:
+        return float(self._engine.loss_scale.numpy()) if self._engine else 1.0
+
+    # ------------------------------------------------------------------------------- build
+    def build_engine(self, example_batch) -> None:
+        """Builds the model from one micro-batch, then optimizer slots and accumulators."""
+        if self._engine is not None:
+            return
+        if not hasattr(self, "_accumulation"):
+            raise RuntimeError("AccumulatingModel: call compile() before fit()")
+        with self.distribute_strategy.scope():
+            if not self.built:
+                self.compute_loss_terms(example_batch, training=False)
+                self.built = True
+            self.optimizer.build(self.trainable_variables)
+            self._engine = _EngineState(self, self.optimizer, self._accumulation)
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras' version draws the first distributed batch and reduces it with MEAN across
+        # replicas, which fails for odd global batch sizes. `fit`/`evaluate` here build from
+        # a real batch before Keras gets there, so there is nothing left to do.
+        if self._engine is None and not self.built:
+            raise RuntimeError("AccumulatingModel: model not built; call fit() or build_engine()")
+
+    def fit(self, x=None, y=None, **kwargs):
+        if y is not None:
+            raise ValueError(
+                "AccumulatingModel.fit takes a dataset of micro-batches; y must be None"
+            )
+        self.build_engine(_first_element(x))
+        kwargs.setdefault("shuffle", False)  # a dataset is shuffled by its own pipeline
+        with warnings.catch_warnings():
+            # Keras warns at the end of every epoch of a dataset of unknown length; here
+            # that is the normal way an epoch ends.
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            return super().fit(x, **kwargs)
+
+    def evaluate(self, x=None, y=None, **kwargs):
+        if y is not None:
+            raise ValueError("AccumulatingModel.evaluate takes a dataset; y must be None")
+        if not self.built:
+            self.build_engine(_first_element(x))
+        return super().evaluate(x, **kwargs)
+
+    def reset_metrics(self):
+        super().reset_metrics()
+        if self._engine is not None:
+            self._engine.epoch_loss_sum.assign(0.0)
+            self._engine.epoch_count.assign(0.0)
+
+    # ---------------------------------------------------------------------------- evaluate
+    def test_step(self, data):
+        loss_sum, count = self.compute_loss_terms(data, training=False)
+        self._loss_tracker.update_state(loss_sum, count)
+        return {"loss": self._loss_tracker.result()}
+
+    def train_step(self, data):
+        raise NotImplementedError(
+            "AccumulatingModel trains through fit() on a dataset; train_on_batch is not supported"
+        )
+
+    # ------------------------------------------------------------------------------- train
+    def make_train_function(self, force: bool = False):
+        if self.train_function is not None and not force:
+            return self.train_function
+        wrap = (lambda f: f) if self.run_eagerly else tf.function
+        accumulate = wrap(self._accumulate_window)
+        apply, skip = wrap(self._apply_window), wrap(self._skip_window)
+        limit = self._accumulation.max_consecutive_skips
+
+        def train_function(iterator):
+            if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+                raise TypeError("AccumulatingModel trains from a dataset iterator (use fit)")
+            stats = accumulate(iterator)
+            if int(stats.consumed) == 0:
+                raise StopIteration
+            # The decision is taken here, between two compiled functions, on values that are
+            # identical on every replica and worker: a tf.cond around the optimizer inside the
+            # distributed graph is exactly what raises merge_call errors.
+            if bool(stats.ok):
+                apply(stats.loss_sum, stats.count)
+            else:
+                skip(stats.finite)
+            consecutive = int(self._engine.consecutive.numpy())
+            if consecutive > limit:
+                raise RuntimeError(
+                    f"AccumulatingModel: {consecutive} consecutive windows were skipped "
+                    f"(non-finite gradient or no items; limit {limit}). Check the data and the "
+                    "learning rate, or raise compile(max_consecutive_skips=...)."
+                )
+            return self._window_logs(stats)
+
+        self.train_function = train_function
+        return train_function
+
+    def _accumulate_window(self, iterator) -> _WindowStats:
+        """Up to N micro-steps, then the window's single all-reduce."""
+        strategy = self.distribute_strategy
+        steps = self._accumulation.steps
+        micro_step = self._micro_step
+        if self._accumulation.jit_compile:
+            micro_step = tf.function(micro_step, jit_compile=True, reduce_retracing=True)
+
+        def cond(i, optional):
+            return tf.logical_and(i < steps, optional.has_value())
+
+        def body(i, optional):
+            strategy.run(micro_step, args=(optional.get_value(),))
+            # Only draw the next micro-batch if this window wants it (never lose one).
+            nxt = tf.cond(i + 1 < steps, iterator.get_next_as_optional, lambda: optional)
+            return i + 1, nxt
+
+        consumed, _ = tf.while_loop(cond, body, [tf.constant(0), iterator.get_next_as_optional()])
+        reduced = strategy.run(self._reduce_window)
+        first = [strategy.experimental_local_results(value)[0] for value in reduced]
+        return _WindowStats(consumed, *first)
+
+    def _micro_step(self, data):
+        """Replica context: accumulate d(loss_scale · loss_sum)/dw; no collective, no branch."""
+        engine = self._engine
+        variables = self.trainable_variables
+        with tf.GradientTape() as tape:
+            loss_sum, count = self.compute_loss_terms(data, training=True)
+            loss_sum = tf.cast(loss_sum, tf.float32)
+            count = tf.cast(count, tf.float32)
+            if self._accumulation.loss_scale.enabled:
+                # Differentiate scale · (local mean), the range float16 loss scaling is made
+                # for; a sum over many items would overflow far more often. Undone in float32
+                # below, so the accumulators hold plain sums either way.
+                factor = engine.loss_scale.value / tf.maximum(count, 1.0)
+                target = loss_sum * factor
+            else:
+                factor, target = None, loss_sum
+        grads = tape.gradient(target, variables)
+        for acc, grad in zip(engine.grads, grads, strict=True):
+            if grad is not None:
+                grad = tf.cast(tf.convert_to_tensor(grad), tf.float32)
+                acc.assign_add(grad if factor is None else grad / factor)
+        engine.loss_sum.assign_add(loss_sum)
+        engine.count.assign_add(count)
+
+    def _reduce_window(self):
+        """Replica context: one all-reduce, then identical maths on every replica.
+
+        Leaves the final window gradient (/ total count, clipped) in the
+        accumulators for `_apply_window`, and returns (loss_sum, count, grad_norm, finite, ok).
+        """
+        engine = self._engine
+        local = [acc.read_value() for acc in engine.grads]
+        local += [engine.loss_sum.read_value(), engine.count.read_value()]
+        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
+        grads, loss_sum, count = summed[:-2], summed[-2], summed[-1]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+        finite = tf.logical_and(finite, tf.math.is_finite(loss_sum))
+        grads = [tf.math.divide_no_nan(g, count) for g in grads]
+        grad_norm = tf.linalg.global_norm(grads)
+        clip = self._accumulation.clip_global_norm
+        if clip is not None:
+            grads, _ = tf.clip_by_global_norm(grads, clip, use_norm=grad_norm)
+        for acc, grad in zip(engine.grads, grads, strict=True):
+            acc.assign(grad)
+        engine.loss_sum.assign(0.0)
+        engine.count.assign(0.0)
+        return loss_sum, count, grad_norm, finite, tf.logical_and(finite, count > 0)
+
+    def _apply_window(self, loss_sum, count):
+        """One optimizer update from the reduced window gradient left in the accumulators."""
+        strategy, engine = self.distribute_strategy, self._engine
+        with strategy.scope(), _gradients_already_reduced(self.optimizer):
+            strategy.run(self._apply_replica)
+            engine.consecutive.assign(0)
+            engine.epoch_loss_sum.assign_add(loss_sum)
+            engine.epoch_count.assign_add(count)
+            if self._accumulation.loss_scale.enabled:
+                grown = engine.growth + 1 >= self._accumulation.loss_scale.growth_steps
+                scale = tf.where(grown, engine.loss_scale * 2.0, engine.loss_scale)
+                engine.loss_scale.assign(scale)
+                engine.growth.assign(tf.where(grown, tf.constant(0, tf.int64), engine.growth + 1))
+
+    def _apply_replica(self):
+        grads = [acc.read_value() for acc in self._engine.grads]
+        self.optimizer.apply(grads, self.trainable_variables)
+        self._clear_accumulators()
+
+    def _skip_window(self, finite):
+        """Nothing in the optimizer moves; the window is dropped whole, on every replica."""
+        strategy, engine = self.distribute_strategy, self._engine
+        with strategy.scope():
+            strategy.run(self._clear_accumulators)
+            engine.skipped.assign_add(1)
+            engine.consecutive.assign_add(1)
+            if self._accumulation.loss_scale.enabled:
+                overflow = tf.logical_not(finite)
+                halved = tf.maximum(engine.loss_scale * 0.5, 1.0)
+                engine.loss_scale.assign(tf.where(overflow, halved, engine.loss_scale))
+                engine.growth.assign(tf.where(overflow, tf.constant(0, tf.int64), engine.growth))
+
+    def _clear_accumulators(self):
+        for acc in self._engine.grads:
+            acc.assign(tf.zeros_like(acc))
+
+    def _window_logs(self, stats: _WindowStats) -> dict:
+        engine = self._engine
+        epoch_count = float(engine.epoch_count.numpy())
+        logs = {
+            "loss": float(engine.epoch_loss_sum.numpy()) / epoch_count if epoch_count else 0.0,
+            "window_loss": float(stats.loss_sum) / float(stats.count) if stats.count else 0.0,
+            "grad_norm": float(stats.grad_norm),
+            "skipped_windows": int(engine.skipped.numpy()),
+            "learning_rate": float(tf.convert_to_tensor(self.optimizer.learning_rate)),
+        }
+        if self._accumulation.loss_scale.enabled:
+            logs["loss_scale"] = float(engine.loss_scale.numpy())
+        return logs
+
+
+@contextlib.contextmanager
+def _gradients_already_reduced(optimizer):
+    """Stops a Keras TF optimizer from all-reducing gradients that are already reduced.
+
+    The one private hook in asrkit. Applied in replica context (Keras' normal path: it
+    reaches the variables through merge_call and `strategy.extended.update`), Keras' TF
+    optimizer first sums the gradients over replicas with `_all_reduce_sum_gradients`;
+    our window gradient is already that sum, so the hook becomes the identity while the
+    update is traced. `tests/training/test_keras_contract.py` fails loudly if Keras
+    renames or stops using it.
+    """
+    if not hasattr(type(optimizer), "_all_reduce_sum_gradients"):
+        raise RuntimeError(
+            f"{type(optimizer).__name__} has no _all_reduce_sum_gradients: this Keras version "
+            "changed the optimizer's distribution path; asrkit's accumulation needs updating."
+        )
+    optimizer._all_reduce_sum_gradients = list
+    try:
+        yield
+    finally:
+        del optimizer._all_reduce_sum_gradients
+
+
+def _first_element(data):
+    if isinstance(data, tf.data.Dataset):
+        return next(iter(data))
+    if isinstance(data, tf.distribute.DistributedDataset):
+        raise ValueError(
+            "AccumulatingModel.fit: pass the tf.data.Dataset itself; the model distributes it"
+        )
+    raise TypeError(
+        "AccumulatingModel.fit expects a tf.data.Dataset whose elements are micro-batches, "
+        f"got {type(data).__name__}"
+    )
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class WindowMean(keras.metrics.Metric):
+    """Σ loss / Σ count over everything seen (the same normaliser the updates use)."""
+
+    def __init__(self, name: str = "loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable((), initializer="zeros", aggregation="sum", name="total")
+        self.count = self.add_variable((), initializer="zeros", aggregation="sum", name="count")
+
+    def update_state(self, loss_sum, count):
+        self.total.assign_add(tf.cast(loss_sum, tf.float32))
+        self.count.assign_add(tf.cast(count, tf.float32))
+
+    def result(self):
+        return tf.math.divide_no_nan(self.total, self.count)

@@ -1,0 +1,56 @@
+"""The Keras behaviour asrkit's engine relies on. A failure here means Keras changed: update
+`asrkit/training/accumulation.py` (its one private hook is `_gradients_already_reduced`)."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from asrkit.training.accumulation import AccumulatingModel, _gradients_already_reduced
+
+
+def _apply_known_gradient(strategy, hook):
+    with strategy.scope():
+        var = keras.Variable(np.zeros(3, np.float32))
+        optimizer = keras.optimizers.SGD(1.0)
+        optimizer.build([var])
+
+    @tf.function
+    def step():
+        def replica_fn():
+            optimizer.apply([tf.constant([1.0, 2.0, 3.0])], [var])
+
+        if hook:
+            with strategy.scope(), _gradients_already_reduced(optimizer):
+                strategy.run(replica_fn)
+        else:
+            with strategy.scope():
+                strategy.run(replica_fn)
+
+    step()
+    return var.numpy()
+
+
+def test_replica_context_apply_all_reduces_unless_hooked():
+    strategy = tf.distribute.MirroredStrategy(
+        [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+    )
+    # Keras sums the gradient over the 2 replicas itself: an already-reduced gradient
+    # would count twice. With the hook it counts once.
+    np.testing.assert_array_equal(_apply_known_gradient(strategy, hook=False), [-2, -4, -6])
+    np.testing.assert_array_equal(_apply_known_gradient(strategy, hook=True), [-1, -2, -3])
+
+
+def test_hook_is_removed_after_use():
+    optimizer = keras.optimizers.SGD(1.0)
+    with _gradients_already_reduced(optimizer):
+        assert optimizer._all_reduce_sum_gradients is list
+    assert optimizer._all_reduce_sum_gradients.__func__ is type(optimizer)._all_reduce_sum_gradients
+
+
+def test_fit_calls_the_symbolic_build_we_override():
+    # Keras' own version reduces the first distributed batch with MEAN and fails on odd
+    # global batches; ours replaces it. If Keras renames it, ours silently stops applying.
+    assert "_maybe_symbolic_build" in vars(AccumulatingModel)
+    assert any(
+        "_maybe_symbolic_build" in vars(cls) for cls in keras.Model.__mro__ if cls is not object
+    )

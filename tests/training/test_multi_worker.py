@@ -1,0 +1,56 @@
+"""MultiWorkerMirroredStrategy: 2 worker processes on loopback == one union-batch update."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from tests.training.toy import assert_weights_close, make_batches, reference_run, windows_of
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZES = [4, 6, 2, 8, 4, 6, 2]
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_two_workers_equal_union_batch(tmp_path):
+    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    procs = []
+    for index in range(2):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        )
+        cmd = [sys.executable, "-m", "tests.training.mwms_worker", str(tmp_path / f"w{index}.npz")]
+        cmd += [",".join(map(str, SIZES)), "3"]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True))
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        assert proc.returncode == 0, err[-3000:]
+    results = [np.load(tmp_path / f"w{i}.npz") for i in range(2)]
+    n_vars = sum(1 for k in results[0].files if k.startswith("final_"))
+    initial = [results[0][f"initial_{i}"] for i in range(n_vars)]
+    want, _ = reference_run(
+        initial, windows_of(make_batches(SIZES), 3), keras.optimizers.AdamW(0.05, weight_decay=0.1)
+    )
+    for result in results:
+        assert int(result["iterations"]) == 3
+        assert_weights_close([result[f"final_{i}"] for i in range(n_vars)], want)
