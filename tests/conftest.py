@@ -23,3 +23,12 @@ DATA_DIR = Path(__file__).parent / "data"
 def golden():
     """The torchaudio / float64 RNN-T reference vectors (see tests/data/golden/README.md)."""
     return np.load(DATA_DIR / "golden" / "rnnt_golden.npz")
+
+
+@pytest.fixture(scope="session")
+def mirrored():
+    """One MirroredStrategy over the two logical CPUs for the whole session: separate
+    instances in one process can collide on collective instance keys."""
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+    assert len(devices) == 2, "two logical CPUs are configured above"
+    return tf.distribute.MirroredStrategy(devices)

@@ -89,7 +89,6 @@ class _EngineState:
 class _WindowStats(NamedTuple):
     """What one window's accumulation returns; identical on every replica and worker."""
 
-    consumed: tf.Tensor  # micro-batches drawn (0: the epoch's data is exhausted)
     loss_sum: tf.Tensor  # Σ item losses over the window, all replicas
     count: tf.Tensor  # Σ items over the window, all replicas
     grad_norm: tf.Tensor  # global norm of the window gradient, before clipping
@@ -220,19 +219,26 @@ class AccumulatingModel(keras.Model):
         if self.train_function is not None and not force:
             return self.train_function
         wrap = (lambda f: f) if self.run_eagerly else tf.function
-        accumulate = wrap(self._accumulate_window)
+        micro, reduce = wrap(self._micro_function), wrap(self._reduce_function)
         apply, skip = wrap(self._apply_window), wrap(self._skip_window)
-        limit = self._accumulation.max_consecutive_skips
+        steps, limit = self._accumulation.steps, self._accumulation.max_consecutive_skips
 
         def train_function(iterator):
             if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
                 raise TypeError("AccumulatingModel trains from a dataset iterator (use fit)")
-            stats = accumulate(iterator)
-            if int(stats.consumed) == 0:
+            consumed = 0
+            while consumed < steps:
+                try:
+                    micro(iterator)
+                except (tf.errors.OutOfRangeError, StopIteration):
+                    break  # end of the epoch's data: a partial window keeps its own total
+                consumed += 1
+            if consumed == 0:
                 raise StopIteration
-            # The decision is taken here, between two compiled functions, on values that are
-            # identical on every replica and worker: a tf.cond around the optimizer inside the
-            # distributed graph is exactly what raises merge_call errors.
+            stats = reduce()
+            # The decision is taken here, between compiled functions, on values that are
+            # identical on every replica and worker: a tf.cond around the optimizer inside
+            # the distributed graph is exactly what raises merge_call errors.
             if bool(stats.ok):
                 apply(stats.loss_sum, stats.count)
             else:
@@ -249,27 +255,22 @@ class AccumulatingModel(keras.Model):
         self.train_function = train_function
         return train_function
 
-    def _accumulate_window(self, iterator) -> _WindowStats:
-        """Up to N micro-steps, then the window's single all-reduce."""
-        strategy = self.distribute_strategy
-        steps = self._accumulation.steps
+    def _micro_function(self, iterator) -> None:
+        """One micro-step on the next global micro-batch (OutOfRangeError at the end).
+
+        Each micro-step is its own call: no loop in the graph can keep two micro-batches'
+        activations alive at once, and the graph stays the size of one step.
+        """
         micro_step = self._micro_step
         if self._accumulation.jit_compile:
             micro_step = tf.function(micro_step, jit_compile=True, reduce_retracing=True)
+        self.distribute_strategy.run(micro_step, args=(next(iterator),))
 
-        def cond(i, optional):
-            return tf.logical_and(i < steps, optional.has_value())
-
-        def body(i, optional):
-            strategy.run(micro_step, args=(optional.get_value(),))
-            # Only draw the next micro-batch if this window wants it (never lose one).
-            nxt = tf.cond(i + 1 < steps, iterator.get_next_as_optional, lambda: optional)
-            return i + 1, nxt
-
-        consumed, _ = tf.while_loop(cond, body, [tf.constant(0), iterator.get_next_as_optional()])
+    def _reduce_function(self) -> _WindowStats:
+        """The window's single all-reduce; returns replica 0's (identical) statistics."""
+        strategy = self.distribute_strategy
         reduced = strategy.run(self._reduce_window)
-        first = [strategy.experimental_local_results(value)[0] for value in reduced]
-        return _WindowStats(consumed, *first)
+        return _WindowStats(*(strategy.experimental_local_results(v)[0] for v in reduced))
 
     def _micro_step(self, data):
         """Replica context: accumulate d(loss_scale · loss_sum)/dw; no collective, no branch."""

@@ -30,10 +30,8 @@ def _apply_known_gradient(strategy, hook):
     return var.numpy()
 
 
-def test_replica_context_apply_all_reduces_unless_hooked():
-    strategy = tf.distribute.MirroredStrategy(
-        [d.name for d in tf.config.list_logical_devices("CPU")][:2]
-    )
+def test_replica_context_apply_all_reduces_unless_hooked(mirrored):
+    strategy = mirrored
     # Keras sums the gradient over the 2 replicas itself: an already-reduced gradient
     # would count twice. With the hook it counts once.
     np.testing.assert_array_equal(_apply_known_gradient(strategy, hook=False), [-2, -4, -6])

@@ -78,6 +78,7 @@ def reference_run(initial, windows, optimizer, clip=None, skip=(), losses=None):
         if clip is not None:
             grads, _ = tf.clip_by_global_norm(grads, clip)
         optimizer.apply(grads, model.trainable_variables)
+    optimizer.finalize_variable_values(model.trainable_variables)  # as fit() does (EMA)
     return weights(model), optimizer
 
 
