@@ -6,11 +6,11 @@ import argparse
 import sys
 
 from asrkit import __version__
-from asrkit.cli import prepare
+from asrkit.cli import prepare, tokenizer
 
 # Each subcommand module exposes `register(subparsers)`; its parser sets `func`.
 # The data, training and decoding commands register here as they land.
-SUBCOMMANDS = (prepare,)
+SUBCOMMANDS = (prepare, tokenizer)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,102 @@
+"""Log-mel filterbank features in TensorFlow ops, and the only frame-count arithmetic.
+
+`num_frames(num_samples) = 0 if num_samples < frame_length else
+1 + (num_samples - frame_length) // frame_step` — the number of whole frames `tf.signal.stft`
+returns without end padding (tested against the actual output).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from asrkit.audio import resample
+from asrkit.config import FeatureConfig
+
+DEFAULT_FEATURES = FeatureConfig()
+
+
+def num_frames(num_samples, config: FeatureConfig = DEFAULT_FEATURES):
+    """Feature frames for `num_samples` samples; works on ints, NumPy arrays and tensors."""
+    if isinstance(num_samples, int | np.integer):
+        if num_samples < config.frame_length:
+            return 0
+        return 1 + (int(num_samples) - config.frame_length) // config.frame_step
+    frames = 1 + (num_samples - config.frame_length) // config.frame_step
+    zero = num_samples * 0
+    if isinstance(num_samples, np.ndarray):
+        return np.where(num_samples < config.frame_length, zero, frames)
+    return tf.where(num_samples < config.frame_length, zero, frames)
+
+
+def log_mel(samples: tf.Tensor, config: FeatureConfig = DEFAULT_FEATURES) -> tf.Tensor:
+    """[..., N] float waveform in [-1, 1] -> [..., num_frames(N), num_mel_bins] float32."""
+    samples = tf.cast(samples, tf.float32)
+    length = tf.shape(samples)[-1]
+    # Shorter than one frame: pad to one frame (stft cannot make zero), then drop it below.
+    short = tf.maximum(config.frame_length - length, 0)
+    paddings = tf.concat([tf.zeros([tf.rank(samples) - 1, 2], tf.int32), [[0, short]]], 0)
+    samples = tf.pad(samples, paddings)
+    stft = tf.signal.stft(
+        samples,
+        frame_length=config.frame_length,
+        frame_step=config.frame_step,
+        fft_length=config.fft_length,
+        window_fn=tf.signal.hann_window,
+        pad_end=False,
+    )
+    power = tf.square(tf.abs(stft))
+    weights = tf.signal.linear_to_mel_weight_matrix(
+        num_mel_bins=config.num_mel_bins,
+        num_spectrogram_bins=config.fft_length // 2 + 1,
+        sample_rate=config.sample_rate,
+        lower_edge_hertz=config.lower_edge_hz,
+        upper_edge_hertz=config.upper_edge_hz,
+    )
+    mel = tf.tensordot(power, weights, axes=1)
+    return tf.math.log(mel + config.log_floor)[..., : num_frames(length, config), :]
+
+
+def perturb_speed(samples: np.ndarray, factor: float, sample_rate: int = 16_000) -> np.ndarray:
+    """Speed perturbation as in Kaldi/sox `speed`: tempo and pitch change together.
+
+    The waveform is treated as if recorded at `factor * sample_rate` and resampled back,
+    so `factor=1.1` gives audio about 1/1.1 as long.
+    """
+    if factor == 1.0:
+        return samples
+    return resample(samples, round(sample_rate * factor), sample_rate)
+
+
+class GlobalNormalizer:
+    """Per-bin mean/variance normalisation from statistics accumulated over a training set."""
+
+    def __init__(self, mean: np.ndarray, std: np.ndarray):
+        self.mean = np.asarray(mean, np.float32)
+        self.std = np.asarray(std, np.float32)
+
+    @classmethod
+    def fit(cls, feature_batches) -> GlobalNormalizer:
+        total = total_sq = None
+        count = 0
+        for feats in feature_batches:  # each [T, F]
+            feats = np.asarray(feats, np.float64)
+            s, sq = feats.sum(0), np.square(feats).sum(0)
+            total = s if total is None else total + s
+            total_sq = sq if total_sq is None else total_sq + sq
+            count += feats.shape[0]
+        if not count:
+            raise ValueError("GlobalNormalizer.fit: no frames")
+        mean = total / count
+        std = np.sqrt(np.maximum(total_sq / count - np.square(mean), 1e-10))
+        return cls(mean, std)
+
+    def __call__(self, features: tf.Tensor) -> tf.Tensor:
+        return (features - self.mean) / self.std
+
+    def to_dict(self) -> dict:
+        return {"mean": self.mean.tolist(), "std": self.std.tolist()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GlobalNormalizer:
+        return cls(np.array(data["mean"]), np.array(data["std"]))

@@ -1,0 +1,106 @@
+"""SentencePiece tokenizer; the blank id is defined here, once.
+
+Id 0 is the transducer blank, stored in the SentencePiece model as its (never emitted)
+padding piece `<blank>`; id 1 is `<unk>`. So model ids and SentencePiece ids are the same,
+and `vocab_size` is the joint network's V.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+BLANK_ID = 0
+BLANK_PIECE = "<blank>"
+UNK_ID = 1
+MODEL_TYPES = ("unigram", "bpe", "char")
+
+
+@dataclass(frozen=True)
+class TokenizerSettings:
+    vocab_size: int
+    model_type: str
+    blank_id: int = BLANK_ID
+    unk_id: int = UNK_ID
+
+
+class Tokenizer:
+    def __init__(self, model_path: str | os.PathLike, settings: TokenizerSettings):
+        import sentencepiece
+
+        self._sp = sentencepiece.SentencePieceProcessor(model_file=str(model_path))
+        self.settings = settings
+        if self._sp.id_to_piece(BLANK_ID) != BLANK_PIECE:
+            raise ValueError(
+                f"{model_path}: id {BLANK_ID} is not {BLANK_PIECE}; not an asrkit model"
+            )
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> Tokenizer:
+        directory = Path(directory)
+        settings_path = directory / "tokenizer.json"
+        if not settings_path.exists():
+            raise FileNotFoundError(
+                f"{settings_path}: missing (train with `asrkit tokenizer train`)"
+            )
+        settings = TokenizerSettings(**json.loads(settings_path.read_text()))
+        return cls(directory / "tokenizer.model", settings)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    @property
+    def blank_id(self) -> int:
+        return BLANK_ID
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.encode(text.lower())
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._sp.decode([int(i) for i in ids if int(i) != BLANK_ID]).upper()
+
+    def piece(self, token_id: int) -> str:
+        return self._sp.id_to_piece(int(token_id))
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    out_dir: str | os.PathLike,
+    vocab_size: int,
+    model_type: str = "unigram",
+) -> Tokenizer:
+    """Trains on `texts` (lower-cased) and writes tokenizer.model + tokenizer.json."""
+    import sentencepiece
+
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    texts = [t.lower() for t in texts if t.strip()]
+    if not texts:
+        raise ValueError("train_tokenizer: no text to train on")
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_prefix=str(out_dir / "tokenizer"),
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=1.0,
+            pad_id=BLANK_ID,
+            pad_piece=BLANK_PIECE,
+            unk_id=UNK_ID,
+            bos_id=-1,
+            eos_id=-1,
+            hard_vocab_limit=model_type != "char",
+            minloglevel=2,
+        )
+    except RuntimeError as err:
+        raise ValueError(f"train_tokenizer: sentencepiece refused the settings: {err}") from None
+    settings = TokenizerSettings(vocab_size=vocab_size, model_type=model_type)
+    (out_dir / "tokenizer.json").write_text(json.dumps(asdict(settings), indent=2) + "\n")
+    (out_dir / "tokenizer.vocab").unlink(missing_ok=True)
+    return Tokenizer(out_dir / "tokenizer.model", settings)

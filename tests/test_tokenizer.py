@@ -1,0 +1,49 @@
+"""SentencePiece tokenizer: blank id 0 never emitted, round trips, settings saved beside it."""
+
+import json
+
+import pytest
+
+from asrkit.cli.main import main as cli
+from asrkit.data.manifest import Utterance, write_manifest
+from asrkit.tokenizer import BLANK_ID, Tokenizer, train_tokenizer
+
+TEXTS = [
+    "THE QUICK BROWN FOX JUMPS OVER THE LAZY DOG",
+    "SHE SELLS SEA SHELLS BY THE SEA SHORE",
+    "HOW MUCH WOOD WOULD A WOODCHUCK CHUCK",
+    "PETER PIPER PICKED A PECK OF PICKLED PEPPERS",
+] * 5
+
+
+@pytest.mark.parametrize("model_type,size", [("unigram", 40), ("bpe", 40), ("char", 30)])
+def test_round_trip_and_blank(tmp_path, model_type, size):
+    tok = train_tokenizer(TEXTS, tmp_path, size, model_type)
+    assert tok.blank_id == BLANK_ID == 0 and tok.piece(0) == "<blank>"
+    for text in TEXTS[:4]:
+        ids = tok.encode(text)
+        assert ids and BLANK_ID not in ids and max(ids) < tok.vocab_size
+        assert tok.decode(ids) == text
+        assert tok.decode([BLANK_ID, *ids, BLANK_ID]) == text  # blanks are dropped
+    loaded = Tokenizer.load(tmp_path)
+    assert loaded.encode(TEXTS[0]) == tok.encode(TEXTS[0])
+    assert json.loads((tmp_path / "tokenizer.json").read_text())["model_type"] == model_type
+
+
+def test_impossible_vocab_size_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="sentencepiece refused"):
+        train_tokenizer(TEXTS, tmp_path, 5000, "unigram")
+
+
+def test_cli_trains_from_manifests(tmp_path, capsys):
+    utts = [Utterance(f"u{i}", "/x.flac", 1.0, t, "s") for i, t in enumerate(TEXTS)]
+    write_manifest(tmp_path / "train.jsonl", utts)
+    args = ["tokenizer", "train", "--manifest", str(tmp_path / "train.jsonl")]
+    assert cli([*args, "--vocab-size", "32", "--out", str(tmp_path / "tok")]) == 0
+    assert "blank id 0" in capsys.readouterr().out
+    assert Tokenizer.load(tmp_path / "tok").vocab_size == 32
+
+
+def test_missing_settings_file_is_explained(tmp_path):
+    with pytest.raises(FileNotFoundError, match="asrkit tokenizer train"):
+        Tokenizer.load(tmp_path)
