@@ -6,11 +6,11 @@ import argparse
 import sys
 
 from asrkit import __version__
-from asrkit.cli import prepare, tokenizer
+from asrkit.cli import corpus, prepare, tokenizer
 
 # Each subcommand module exposes `register(subparsers)`; its parser sets `func`.
 # The data, training and decoding commands register here as they land.
-SUBCOMMANDS = (prepare, tokenizer)
+SUBCOMMANDS = (corpus, prepare, tokenizer)
 
 
 def build_parser() -> argparse.ArgumentParser:

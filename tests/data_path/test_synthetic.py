@@ -1,0 +1,85 @@
+"""The synthetic corpus: LibriSpeech layout, held-out voices, determinism, and it prepares clean."""
+
+import random
+import re
+
+import numpy as np
+import pytest
+import soundfile
+
+from asrkit.cli.main import main as cli
+from asrkit.data.librispeech import prepare_librispeech
+from asrkit.data.manifest import read_manifest
+from asrkit.data.synthetic import PARTS, sentence, split_identities
+from asrkit.data.tts import available_voices, synthesize
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    assert cli(["corpus", "synth", "--out", str(root), "--preset", "tiny", "--seed", "3"]) == 0
+    return root
+
+
+def test_layout_matches_librispeech(tiny):
+    flacs = sorted(tiny.glob("*/*/*/*.flac"))
+    assert len(flacs) == 12
+    for flac in flacs:
+        part, speaker, chapter = flac.parts[-4:-1]
+        assert part in PARTS
+        assert re.fullmatch(rf"{speaker}-{chapter}-\d{{4}}\.flac", flac.name)
+        info = soundfile.info(flac)
+        assert (info.samplerate, info.channels, info.format) == (16000, 1, "FLAC")
+        assert 0.5 < info.duration < 10
+        trans = flac.parent / f"{speaker}-{chapter}.trans.txt"
+        lines = dict(line.split(" ", 1) for line in trans.read_text().splitlines())
+        assert lines[flac.stem] == lines[flac.stem].upper() and lines[flac.stem].strip()
+    speakers = (tiny / "SPEAKERS.TXT").read_text().splitlines()
+    assert speakers[0].startswith(";ID") and len(speakers) == 1 + 6
+
+
+def test_prepares_without_a_single_problem(tiny, tmp_path):
+    reports = prepare_librispeech(tiny, list(PARTS), tmp_path, show_progress=False)
+    assert [r.kept for r in reports] == [8, 2, 2]
+    assert not any(r.problems for r in reports)
+    train = read_manifest(tmp_path / "train-clean-100.jsonl")
+    test = read_manifest(tmp_path / "test-clean.jsonl")
+    assert {u.speaker for u in train}.isdisjoint({u.speaker for u in test})
+
+
+def test_test_voices_are_never_heard_in_training():
+    voices = available_voices()
+    parts = split_identities(voices, random.Random(0))
+    identities = {p: {v.identity for v in vs} for p, vs in parts.items()}
+    assert identities[PARTS[0]].isdisjoint(identities[PARTS[2]])
+    assert identities[PARTS[1]].isdisjoint(identities[PARTS[2]])
+    assert identities[PARTS[0]].isdisjoint(identities[PARTS[1]])
+    assert all(identities.values())
+
+
+def test_same_seed_same_corpus_up_to_espeak_jitter(tiny, tmp_path):
+    assert cli(["corpus", "synth", "--out", str(tmp_path), "--preset", "tiny", "--seed", "3"]) == 0
+    first = sorted(p.relative_to(tiny) for p in tiny.rglob("*") if p.is_file())
+    second = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert first == second
+    for rel in first:
+        if rel.suffix.lower() == ".txt":
+            assert (tiny / rel).read_text() == (tmp_path / rel).read_text()
+        else:
+            a, b = soundfile.info(tiny / rel).duration, soundfile.info(tmp_path / rel).duration
+            assert a == pytest.approx(b, rel=0.02)
+
+
+def test_grammar_is_deterministic_and_small():
+    a = [sentence(random.Random(1)) for _ in range(3)]
+    assert a == [sentence(random.Random(1)) for _ in range(3)]
+    rng = random.Random(0)
+    vocabulary = {w for _ in range(3000) for w in sentence(rng).split()}
+    assert 80 < len(vocabulary) < 200
+
+
+def test_espeak_speaks_audibly():
+    voice = next(v for v in available_voices() if v.engine == "espeak")
+    samples = synthesize(voice, "hello world", 175, 50)
+    assert samples.dtype == np.float32 and 0.4 < len(samples) / 16000 < 3
+    assert np.abs(samples).max() > 0.1
