@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from asrkit import __version__
-from asrkit.cli import corpus, prepare, tokenizer
+from asrkit.cli import corpus, features, prepare, tokenizer
 
 # Each subcommand module exposes `register(subparsers)`; its parser sets `func`.
 # The data, training and decoding commands register here as they land.
-SUBCOMMANDS = (corpus, prepare, tokenizer)
+SUBCOMMANDS = (corpus, features, prepare, tokenizer)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
