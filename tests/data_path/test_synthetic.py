@@ -83,3 +83,21 @@ def test_espeak_speaks_audibly():
     samples = synthesize(voice, "hello world", 175, 50)
     assert samples.dtype == np.float32 and 0.4 < len(samples) / 16000 < 3
     assert np.abs(samples).max() > 0.1
+
+
+NATURAL = [v for v in available_voices() if v.engine != "espeak"]
+
+
+@pytest.mark.skipif(not NATURAL, reason="no Debian TTS engine (flite/festival) installed")
+def test_natural_voices_share_identity_across_engines_and_pitch_shifts():
+    by_identity = {}
+    for voice in NATURAL:
+        by_identity.setdefault(voice.identity, set()).add((voice.engine, voice.pitch_cents))
+        samples = synthesize(voice, "the old man sold three red boxes", 175, 50)
+        assert samples.dtype == np.float32 and 1.0 < len(samples) / 16000 < 6
+        assert np.abs(samples).max() > 0.05
+    if any(v.engine == "festival" and v.name == "kal_diphone" for v in NATURAL):
+        assert {"flite", "festival"} <= {engine for engine, _ in by_identity["person:kal"]}
+    parts = split_identities(NATURAL, random.Random(0))
+    seen = [{v.identity for v in vs} for vs in parts.values()]
+    assert all(a.isdisjoint(b) for i, a in enumerate(seen) for b in seen[i + 1 :])

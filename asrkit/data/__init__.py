@@ -1,0 +1,1 @@
+"""Data: manifests (JSONL), corpus preparation, and (later) TFRecord shards and tf.data input."""

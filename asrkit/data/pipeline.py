@@ -1,0 +1,173 @@
+"""The tf.data input pipeline: TFRecord shards -> bucketed, padded, typed micro-batches.
+
+Batching is by duration: bucket boundaries are quantiles of the utterance lengths, each
+bucket's batch size is the audio budget divided by its boundary, and every batch is
+padded to its bucket boundary, so there are few distinct shapes and little padding.
+Order is a pure function of (seed, epoch): a resumed run rebuilds the same epoch and
+skips the micro-batches it already consumed. SpecAugment runs per utterance, before
+padding, with stateless randomness keyed by (seed, epoch, position).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from asrkit.data.records import parse_example
+
+
+class Batch(NamedTuple):
+    """One micro-batch. Masks derive from the lengths; padding is 0 (labels: blank)."""
+
+    features: tf.Tensor  # [B, T, F] float32
+    feature_lengths: tf.Tensor  # [B] int32
+    labels: tf.Tensor  # [B, U] int32
+    label_lengths: tf.Tensor  # [B] int32
+
+
+@dataclass(frozen=True)
+class SpecAugmentConfig:
+    freq_masks: int = 2
+    freq_width: int = 27  # bins, at most
+    time_masks: int = 2
+    time_width_ratio: float = 0.05  # at most this fraction of the utterance, per mask
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    batch_seconds: float = 60.0  # audio per micro-batch, padding included
+    num_buckets: int = 8
+    shuffle_buffer: int = 2048
+    subsampling: int = 4  # encoder frames = feature frames // subsampling (for filtering)
+    frame_step_seconds: float = 0.01
+    spec_augment: SpecAugmentConfig | None = field(default_factory=SpecAugmentConfig)
+
+
+def bucket_plan(frame_lengths, config: PipelineConfig) -> tuple[list[int], list[int]]:
+    """Boundaries (exclusive upper frame counts) and a batch size per bucket.
+
+    Bucket i holds lengths in [boundaries[i-1], boundaries[i]) and is padded to
+    boundaries[i] - 1 frames; its batch size keeps batch × padded length within budget.
+    """
+    lengths = np.asarray(frame_lengths)
+    if lengths.size == 0:
+        raise ValueError("bucket_plan: no utterances")
+    quantiles = np.quantile(lengths, np.linspace(0, 1, config.num_buckets + 1)[1:])
+    boundaries = sorted({int(q) + 1 for q in quantiles})
+    budget = config.batch_seconds / config.frame_step_seconds
+    sizes = [max(1, math.floor(budget / (b - 1))) if b > 1 else 1 for b in boundaries]
+    return boundaries, sizes
+
+
+def keep_example(example: dict, subsampling: int) -> tf.Tensor:
+    """A transducer needs at least as many encoder frames as tokens."""
+    return example["feature_lengths"] // subsampling >= example["label_lengths"]
+
+
+def count_filtered(files: list[str], config: PipelineConfig, num_mel_bins: int = 80) -> int:
+    """How many utterances `make_dataset` drops for having too few frames for their tokens."""
+    dataset = tf.data.TFRecordDataset(sorted(files)).map(lambda r: parse_example(r, num_mel_bins))
+    dropped = dataset.filter(lambda e: tf.logical_not(keep_example(e, config.subsampling)))
+    return int(dropped.reduce(0, lambda n, _: n + 1))
+
+
+def spec_augment(
+    features: tf.Tensor, length: tf.Tensor, config: SpecAugmentConfig, seed: tf.Tensor
+) -> tf.Tensor:
+    """Frequency and time masks on one [T, F] utterance; time masks stay inside `length`."""
+    frames, bins = tf.shape(features)[0], tf.shape(features)[1]
+    seeds = tf.random.experimental.stateless_split(seed, config.freq_masks + config.time_masks)
+    keep = tf.ones_like(features, dtype=tf.bool)
+    for i in range(config.freq_masks):
+        width = _uniform_int(seeds[i], 0, config.freq_width + 1, salt=0)
+        start = _uniform_int(seeds[i], 0, tf.maximum(bins - width, 0) + 1, salt=1)
+        band = (tf.range(bins) >= start) & (tf.range(bins) < start + width)
+        keep &= ~band[None, :]
+    max_width = tf.cast(config.time_width_ratio * tf.cast(length, tf.float32), tf.int32)
+    for j in range(config.time_masks):
+        s = seeds[config.freq_masks + j]
+        width = _uniform_int(s, 0, max_width + 1, salt=0)
+        start = _uniform_int(s, 0, tf.maximum(length - width, 0) + 1, salt=1)
+        span = (tf.range(frames) >= start) & (tf.range(frames) < start + width)
+        keep &= ~span[:, None]
+    return tf.where(keep, features, tf.zeros_like(features))
+
+
+def _uniform_int(seed, low, high, salt: int) -> tf.Tensor:
+    seed = tf.random.experimental.stateless_fold_in(seed, salt)
+    return tf.random.stateless_uniform([], seed, minval=low, maxval=high, dtype=tf.int32)
+
+
+def make_dataset(
+    files: list[str],
+    config: PipelineConfig,
+    boundaries: list[int],
+    batch_sizes: list[int],
+    *,
+    training: bool,
+    seed: int = 0,
+    epoch: int = 0,
+    skip_batches: int = 0,
+    num_mel_bins: int = 80,
+    normalize=None,
+) -> tf.data.Dataset:
+    """Micro-batches of `Batch`; in training, shuffled and augmented as a function of (seed, epoch)."""
+    files = sorted(str(f) for f in files)
+    order_seed = seed * 100_003 + epoch
+    dataset = tf.data.Dataset.from_tensor_slices(files)
+    if training:
+        dataset = dataset.shuffle(len(files), seed=order_seed, reshuffle_each_iteration=False)
+    dataset = dataset.interleave(
+        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=1, deterministic=True
+    )
+    dataset = dataset.map(lambda r: parse_example(r, num_mel_bins))
+    dataset = dataset.filter(lambda e: keep_example(e, config.subsampling))
+    if training:
+        dataset = dataset.shuffle(
+            config.shuffle_buffer, seed=order_seed, reshuffle_each_iteration=False
+        )
+    if normalize is not None:
+        dataset = dataset.map(lambda e: {**e, "features": normalize(e["features"])})
+    if training and config.spec_augment is not None:
+        augment = config.spec_augment
+
+        def apply(index, e):
+            key = tf.stack([tf.constant(order_seed, tf.int64), index])
+            augmented = spec_augment(e["features"], e["feature_lengths"], augment, key)
+            return {**e, "features": augmented}
+
+        dataset = dataset.enumerate().map(apply, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.bucket_by_sequence_length(
+        element_length_func=lambda e: e["feature_lengths"],
+        bucket_boundaries=boundaries,
+        bucket_batch_sizes=[*batch_sizes, 1],
+        padded_shapes={
+            "id": [],
+            "features": [None, num_mel_bins],
+            "feature_lengths": [],
+            "labels": [None],
+            "label_lengths": [],
+            "duration": [],
+        },
+        pad_to_bucket_boundary=False,
+    )
+    dataset = dataset.map(lambda b: _pad_to_bucket(b, boundaries))
+    if skip_batches:
+        dataset = dataset.skip(skip_batches)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _pad_to_bucket(batch: dict, boundaries: list[int]) -> Batch:
+    """Pads the time axis to the batch's bucket boundary - 1 (few distinct shapes)."""
+    longest = tf.reduce_max(batch["feature_lengths"])
+    bounds = tf.constant(boundaries, tf.int32)
+    index = tf.searchsorted(bounds, [longest], side="right")[0]
+    target = tf.where(index < len(boundaries), bounds[tf.minimum(index, len(boundaries) - 1)] - 1, longest)
+    target = tf.maximum(target, longest)
+    pad = target - tf.shape(batch["features"])[1]
+    features = tf.pad(batch["features"], [[0, 0], [0, pad], [0, 0]])
+    return Batch(features, batch["feature_lengths"], batch["labels"], batch["label_lengths"])
