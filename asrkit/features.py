@@ -3,6 +3,9 @@
 `num_frames(num_samples) = 0 if num_samples < frame_length else
 1 + (num_samples - frame_length) // frame_step` — the number of whole frames `tf.signal.stft`
 returns without end padding (tested against the actual output).
+
+`encoder_frames(frames)` — frames after the encoder's ×4 convolutional subsampling (two
+3-wide, stride-2, valid convolutions): `n -> (n - 3) // 2 + 1`, twice, floored at 0.
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ def num_frames(num_samples, config: FeatureConfig = DEFAULT_FEATURES):
     if isinstance(num_samples, np.ndarray):
         return np.where(num_samples < config.frame_length, zero, frames)
     return tf.where(num_samples < config.frame_length, zero, frames)
+
+
+def encoder_frames(frames):
+    """Encoder frames after ×4 subsampling; ints, NumPy arrays or tensors."""
+    if isinstance(frames, int | np.integer):
+        once = max((int(frames) - 3) // 2 + 1, 0)
+        return max((once - 3) // 2 + 1, 0)
+    maximum = np.maximum if isinstance(frames, np.ndarray) else tf.maximum
+    once = maximum((frames - 3) // 2 + 1, 0)
+    return maximum((once - 3) // 2 + 1, 0)
 
 
 def log_mel(samples: tf.Tensor, config: FeatureConfig = DEFAULT_FEATURES) -> tf.Tensor:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from asrkit.audio import read_audio
 from asrkit.config import FeatureConfig
-from asrkit.features import GlobalNormalizer, log_mel, num_frames, perturb_speed
+from asrkit.features import GlobalNormalizer, encoder_frames, log_mel, num_frames, perturb_speed
 
 REAL = Path(__file__).parent / "data" / "realspeech" / "test-real" / "9002" / "90021"
 
@@ -78,3 +78,17 @@ def test_global_normalizer_standardises_its_training_data():
 def test_config_validates():
     with pytest.raises(ValueError, match="frame_step"):
         FeatureConfig(frame_step=500)
+
+
+@pytest.mark.parametrize("frames", [0, 1, 3, 6, 7, 10, 43, 100, 401])
+def test_encoder_frames_matches_two_valid_stride_2_convolutions(frames):
+    out = tf.ones([1, frames, 1])
+    for _ in range(2):  # what ConvSubsampling does along time
+        if out.shape[1] < 3:
+            out = tf.zeros([1, 0, 1])
+            break
+        out = tf.nn.conv1d(out, tf.ones([3, 1, 1]), stride=2, padding="VALID")
+    want = out.shape[1]
+    assert encoder_frames(frames) == want
+    assert int(encoder_frames(tf.constant(frames))) == want
+    assert int(encoder_frames(np.array([frames]))[0]) == want

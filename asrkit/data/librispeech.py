@@ -74,7 +74,7 @@ def prepare_librispeech(
         report = PartReport(part=part, manifest=out_dir / f"{part}.jsonl")
         checked = _check_all(candidates, resample, alphabet, workers, show_progress, part)
         kept = []
-        for candidate, outcome in zip(candidates, checked, strict=True):
+        for outcome in checked:
             if isinstance(outcome, Problem):
                 report.problems.append(outcome)
             else:
@@ -91,9 +91,7 @@ def _scan_part(part_dir: Path) -> list[_Candidate]:
     candidates = []
     for chapter_dir in sorted(p for p in part_dir.glob("*/*") if p.is_dir()):
         speaker = chapter_dir.parent.name
-        audio = {
-            p.stem: p for p in chapter_dir.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES
-        }
+        audio = {p.stem: p for p in chapter_dir.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES}
         texts: dict[str, str] = {}
         for trans in sorted(chapter_dir.glob("*.trans.txt")):
             for line in trans.read_text(encoding="utf-8", errors="replace").splitlines():

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.data.records import parse_example
+from asrkit.features import encoder_frames
 
 
 class Batch(NamedTuple):
@@ -42,7 +43,6 @@ class PipelineConfig:
     batch_seconds: float = 60.0  # audio per micro-batch, padding included
     num_buckets: int = 8
     shuffle_buffer: int = 2048
-    subsampling: int = 4  # encoder frames = feature frames // subsampling (for filtering)
     frame_step_seconds: float = 0.01
     spec_augment: SpecAugmentConfig | None = field(default_factory=SpecAugmentConfig)
 
@@ -63,15 +63,16 @@ def bucket_plan(frame_lengths, config: PipelineConfig) -> tuple[list[int], list[
     return boundaries, sizes
 
 
-def keep_example(example: dict, subsampling: int) -> tf.Tensor:
-    """A transducer needs at least as many encoder frames as tokens."""
-    return example["feature_lengths"] // subsampling >= example["label_lengths"]
+def keep_example(example: dict) -> tf.Tensor:
+    """Keeps utterances with at least as many encoder frames as tokens (and at least one)."""
+    frames = encoder_frames(example["feature_lengths"])
+    return frames >= tf.maximum(example["label_lengths"], 1)
 
 
 def count_filtered(files: list[str], config: PipelineConfig, num_mel_bins: int = 80) -> int:
     """How many utterances `make_dataset` drops for having too few frames for their tokens."""
     dataset = tf.data.TFRecordDataset(sorted(files)).map(lambda r: parse_example(r, num_mel_bins))
-    dropped = dataset.filter(lambda e: tf.logical_not(keep_example(e, config.subsampling)))
+    dropped = dataset.filter(lambda e: tf.logical_not(keep_example(e)))
     return int(dropped.reduce(0, lambda n, _: n + 1))
 
 
@@ -115,7 +116,7 @@ def make_dataset(
     num_mel_bins: int = 80,
     normalize=None,
 ) -> tf.data.Dataset:
-    """Micro-batches of `Batch`; in training, shuffled and augmented as a function of (seed, epoch)."""
+    """Micro-batches of `Batch`; training shuffles and augments as a function of (seed, epoch)."""
     files = sorted(str(f) for f in files)
     order_seed = seed * 100_003 + epoch
     dataset = tf.data.Dataset.from_tensor_slices(files)
@@ -125,7 +126,7 @@ def make_dataset(
         tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=1, deterministic=True
     )
     dataset = dataset.map(lambda r: parse_example(r, num_mel_bins))
-    dataset = dataset.filter(lambda e: keep_example(e, config.subsampling))
+    dataset = dataset.filter(lambda e: keep_example(e))
     if training:
         dataset = dataset.shuffle(
             config.shuffle_buffer, seed=order_seed, reshuffle_each_iteration=False
@@ -166,7 +167,9 @@ def _pad_to_bucket(batch: dict, boundaries: list[int]) -> Batch:
     longest = tf.reduce_max(batch["feature_lengths"])
     bounds = tf.constant(boundaries, tf.int32)
     index = tf.searchsorted(bounds, [longest], side="right")[0]
-    target = tf.where(index < len(boundaries), bounds[tf.minimum(index, len(boundaries) - 1)] - 1, longest)
+    target = tf.where(
+        index < len(boundaries), bounds[tf.minimum(index, len(boundaries) - 1)] - 1, longest
+    )
     target = tf.maximum(target, longest)
     pad = target - tf.shape(batch["features"])[1]
     features = tf.pad(batch["features"], [[0, 0], [0, pad], [0, 0]])

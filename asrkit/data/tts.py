@@ -43,7 +43,12 @@ ESPEAK_VARIANTS = {  # name: sex
     "klatt4": "F", "Annie": "F", "linda": "F", "belinda": "F", "aunty": "F", "grandma": "F",
     "david": "M", "edward": "M", "john": "M", "max": "M", "norbert": "M", "adam": "M",
 }  # fmt: skip
-FLITE_VOICES = {"kal16": ("kal", "M"), "slt": ("slt", "F"), "rms": ("rms", "M"), "awb": ("awb", "M")}
+FLITE_VOICES = {
+    "kal16": ("kal", "M"),
+    "slt": ("slt", "F"),
+    "rms": ("rms", "M"),
+    "awb": ("awb", "M"),
+}
 FESTIVAL_VOICES = {  # voice directory: (person, sex)
     "kal_diphone": ("kal", "M"),
     "ked_diphone": ("ked", "M"),
@@ -94,7 +99,7 @@ def synthesize(
     stretch = 175 / max(rate, 1)
     if voice.engine == "flite":
         command = ["flite", "-voice", voice.name, "--setf", f"duration_stretch={stretch:.3f}"]
-        samples = _run_to_wav(command + ["-t", text, "-o", "{out}"], None, voice.pitch_cents)
+        samples = _run_to_wav([*command, "-t", text, "-o", "{out}"], None, voice.pitch_cents)
     elif voice.engine == "festival":
         setup = f"(voice_{voice.name}) (Parameter.set 'Duration_Stretch {stretch:.3f})"
         samples = _run_to_wav(["text2wave", "-eval", setup, "-o", "{out}"], text, voice.pitch_cents)
@@ -103,7 +108,9 @@ def synthesize(
     return samples
 
 
-_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
+_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
+)
 _SYNCHRONOUS, _POS_CHARACTER, _CHARS_UTF8 = 2, 1, 1
 _RATE, _PITCH = 1, 3
 

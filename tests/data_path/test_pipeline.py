@@ -137,8 +137,8 @@ def test_augmented_batches_keep_lengths_and_zero_padding(tmp_path):
 def test_too_few_frames_for_the_tokens_are_filtered_and_counted(tmp_path):
     path = tmp_path / "f.tfrecord"
     with tf.io.TFRecordWriter(str(path)) as w:
-        w.write(serialize_example("ok", np.ones((40, 80), np.float32), [1] * 10, 0.4))
-        w.write(serialize_example("short", np.ones((40, 80), np.float32), [1] * 11, 0.4))
+        w.write(serialize_example("ok", np.ones((43, 80), np.float32), [1] * 10, 0.4))
+        w.write(serialize_example("short", np.ones((43, 80), np.float32), [1] * 11, 0.4))
     config = PipelineConfig(spec_augment=None)
     assert count_filtered([str(path)], config) == 1
     batches = _collect(make_dataset([str(path)], config, [100], [10], training=False))

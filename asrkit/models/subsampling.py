@@ -1,0 +1,45 @@
+"""Convolutional ×4 time subsampling (its frame arithmetic: `asrkit.features.encoder_frames`).
+
+Two 3×3 convolutions with stride 2 and *valid* padding: output frame t always sees input
+frames [4t, 4t+6], whatever the padded length, so padding never shifts or leaks into an
+utterance's frames (TF's "same" padding would, depending on the padded length's parity).
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from asrkit.features import encoder_frames
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class ConvSubsampling(keras.layers.Layer):
+    """[B, T, F] features -> [B, T', D] with T' = encoder_frames(T)."""
+
+    def __init__(self, filters: int = 144, output_dim: int = 144, **kwargs):
+        super().__init__(**kwargs)
+        self.filters = filters
+        self.output_dim = output_dim
+        self.conv1 = keras.layers.Conv2D(filters, 3, strides=2, padding="valid", activation="relu")
+        self.conv2 = keras.layers.Conv2D(filters, 3, strides=2, padding="valid", activation="relu")
+        self.project = keras.layers.Dense(output_dim)
+
+    def call(self, features, lengths):
+        x = zero_padding(features, lengths)[..., None]  # [B, T, F, 1]
+        x = self.conv1(x)
+        x = zero_padding(x, tf.maximum((lengths - 3) // 2 + 1, 0))
+        x = self.conv2(x)
+        shape = tf.shape(x)
+        x = tf.reshape(x, [shape[0], shape[1], x.shape[2] * x.shape[3]])
+        out_lengths = encoder_frames(lengths)
+        return zero_padding(self.project(x), out_lengths), out_lengths
+
+    def get_config(self):
+        return {**super().get_config(), "filters": self.filters, "output_dim": self.output_dim}
+
+
+def zero_padding(x, lengths):
+    """x [B, T, ...] with every frame at t >= lengths[b] set to 0."""
+    mask = tf.sequence_mask(lengths, tf.shape(x)[1], dtype=x.dtype)
+    return x * tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([tf.rank(x) - 2], tf.int32)], 0))
