@@ -30,3 +30,47 @@ class FeatureConfig:
             )
         if not 0 <= self.lower_edge_hz < self.upper_edge_hz <= self.sample_rate / 2:
             raise ValueError("FeatureConfig: need 0 <= lower_edge_hz < upper_edge_hz <= rate/2")
+
+
+ENCODERS = ("conformer", "lstm")
+NORMALIZERS = ("tokens", "utterances")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    kind: str = "conformer"  # conformer | lstm
+    d_model: int = 144  # conformer width
+    num_blocks: int = 16
+    num_heads: int = 4
+    kernel_size: int = 31
+    conv_norm: str = "layer"  # layer | batch (batch breaks exact accumulation, see conformer.py)
+    subsampling_filters: int = 144
+    lstm_units: int = 320
+    lstm_layers: int = 2
+    dropout: float = 0.1
+
+    def __post_init__(self):
+        if self.kind not in ENCODERS:
+            raise ValueError(f"model.encoder.kind must be one of {ENCODERS}, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class PredictorConfig:
+    embed_dim: int = 128
+    units: int = 320
+    num_layers: int = 1
+    dropout: float = 0.1
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    encoder: EncoderConfig = EncoderConfig()
+    predictor: PredictorConfig = PredictorConfig()
+    joint_dim: int = 320
+    normalize_by: str = "tokens"  # tokens | utterances: what the loss is averaged over
+
+    def __post_init__(self):
+        if self.normalize_by not in NORMALIZERS:
+            raise ValueError(
+                f"model.normalize_by must be one of {NORMALIZERS}, got {self.normalize_by!r}"
+            )

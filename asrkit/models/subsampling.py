@@ -13,8 +13,15 @@ import tensorflow as tf
 from asrkit.features import encoder_frames
 
 
+class CompositeLayer(keras.layers.Layer):
+    """A layer made only of sub-layers, which build themselves on their first call."""
+
+    def build(self, *args, **kwargs):
+        self.built = True
+
+
 @keras.saving.register_keras_serializable(package="asrkit")
-class ConvSubsampling(keras.layers.Layer):
+class ConvSubsampling(CompositeLayer):
     """[B, T, F] features -> [B, T', D] with T' = encoder_frames(T)."""
 
     def __init__(self, filters: int = 144, output_dim: int = 144, **kwargs):

@@ -1,0 +1,217 @@
+"""Conformer encoder: ×4 conv subsampling, then macaron blocks
+(½ feed-forward, rotary multi-head self-attention, convolution module, ½ feed-forward).
+
+Padding never leaks: attention masks padded keys, and padded frames are zeroed before every
+convolution, so an utterance's encoder output is the same alone or batched with longer ones.
+The convolution module normalises with LayerNorm by default; BatchNorm is an option, but its
+batch statistics make a micro-batch's output depend on the other utterances in it, so with
+BatchNorm, accumulated updates equal union-batch updates only approximately.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import tensorflow as tf
+
+from asrkit.models.subsampling import CompositeLayer, ConvSubsampling, zero_padding
+
+
+def rotary(x: tf.Tensor) -> tf.Tensor:
+    """Rotary position embedding on [B, T, H, Dh] (positions 0..T-1, Dh even)."""
+    frames, dim = tf.shape(x)[1], x.shape[-1]
+    inv_freq = 1.0 / (10000.0 ** (tf.range(0, dim, 2, dtype=tf.float32) / dim))
+    angles = tf.cast(tf.range(frames), tf.float32)[:, None] * inv_freq[None, :]  # [T, Dh/2]
+    cos = tf.cast(tf.cos(angles), x.dtype)[None, :, None, :]
+    sin = tf.cast(tf.sin(angles), x.dtype)[None, :, None, :]
+    x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
+    return tf.concat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class RotarySelfAttention(CompositeLayer):
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        if d_model % num_heads or (d_model // num_heads) % 2:
+            raise ValueError(f"d_model={d_model} must split into {num_heads} even-sized heads")
+        self.d_model, self.num_heads, self.dropout = d_model, num_heads, dropout
+        self.qkv = keras.layers.Dense(3 * d_model)
+        self.out = keras.layers.Dense(d_model)
+        self.drop = keras.layers.Dropout(dropout)
+
+    def call(self, x, mask, training=False):
+        """x [B, T, D], mask [B, T] bool -> [B, T, D]."""
+        batch, frames = tf.shape(x)[0], tf.shape(x)[1]
+        head_dim = self.d_model // self.num_heads
+        qkv = tf.reshape(self.qkv(x), [batch, frames, 3, self.num_heads, head_dim])
+        q, k, v = rotary(qkv[:, :, 0]), rotary(qkv[:, :, 1]), qkv[:, :, 2]
+        scores = tf.einsum("bthd,bshd->bhts", q, k)
+        scores = tf.cast(scores, tf.float32) / math.sqrt(head_dim)
+        scores = tf.where(mask[:, None, None, :], scores, -1e9)
+        weights = tf.cast(tf.nn.softmax(scores, axis=-1), x.dtype)
+        weights = self.drop(weights, training=training)
+        context = tf.einsum("bhts,bshd->bthd", weights, v)
+        return self.out(tf.reshape(context, [batch, frames, self.d_model]))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "dropout": self.dropout,
+        }
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class FeedForward(CompositeLayer):
+    def __init__(self, d_model: int, expansion: int = 4, dropout: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.expansion, self.dropout = d_model, expansion, dropout
+        self.norm = keras.layers.LayerNormalization()
+        self.inner = keras.layers.Dense(d_model * expansion, activation="swish")
+        self.outer = keras.layers.Dense(d_model)
+        self.drop = keras.layers.Dropout(dropout)
+
+    def call(self, x, training=False):
+        h = self.drop(self.inner(self.norm(x)), training=training)
+        return self.drop(self.outer(h), training=training)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "expansion": self.expansion,
+            "dropout": self.dropout,
+        }
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class ConvolutionModule(CompositeLayer):
+    def __init__(
+        self, d_model: int, kernel_size: int = 15, norm: str = "layer", dropout=0.0, **kwargs
+    ):
+        super().__init__(**kwargs)
+        if norm not in ("layer", "batch"):
+            raise ValueError(f"norm must be 'layer' or 'batch', got {norm!r}")
+        self.d_model, self.kernel_size, self.norm_type, self.dropout = (
+            d_model, kernel_size, norm, dropout,
+        )  # fmt: skip
+        self.pre_norm = keras.layers.LayerNormalization()
+        self.pointwise_in = keras.layers.Dense(2 * d_model)
+        self.depthwise = keras.layers.DepthwiseConv1D(kernel_size, padding="same")
+        self.norm = (
+            keras.layers.LayerNormalization()
+            if norm == "layer"
+            else keras.layers.BatchNormalization()
+        )
+        self.pointwise_out = keras.layers.Dense(d_model)
+        self.drop = keras.layers.Dropout(dropout)
+
+    def call(self, x, lengths, training=False):
+        h = self.pointwise_in(self.pre_norm(x))
+        h = h[..., : self.d_model] * tf.sigmoid(h[..., self.d_model :])  # GLU
+        h = self.depthwise(zero_padding(h, lengths))
+        h = keras.activations.swish(self.norm(h, training=training))
+        return self.drop(self.pointwise_out(h), training=training)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "kernel_size": self.kernel_size,
+            "norm": self.norm_type,
+            "dropout": self.dropout,
+        }
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class ConformerBlock(CompositeLayer):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        kernel_size: int = 15,
+        dropout: float = 0.1,
+        conv_norm: str = "layer",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.d_model, self.num_heads, self.kernel_size = d_model, num_heads, kernel_size
+        self.dropout, self.conv_norm = dropout, conv_norm
+        self.ff1 = FeedForward(d_model, dropout=dropout)
+        self.attn_norm = keras.layers.LayerNormalization()
+        self.attention = RotarySelfAttention(d_model, num_heads, dropout)
+        self.attn_drop = keras.layers.Dropout(dropout)
+        self.conv = ConvolutionModule(d_model, kernel_size, conv_norm, dropout)
+        self.ff2 = FeedForward(d_model, dropout=dropout)
+        self.out_norm = keras.layers.LayerNormalization()
+
+    def call(self, x, lengths, training=False):
+        mask = tf.sequence_mask(lengths, tf.shape(x)[1])
+        x = x + 0.5 * self.ff1(x, training=training)
+        attended = self.attention(self.attn_norm(x), mask, training=training)
+        x = x + self.attn_drop(attended, training=training)
+        x = x + self.conv(x, lengths, training=training)
+        x = x + 0.5 * self.ff2(x, training=training)
+        return zero_padding(self.out_norm(x), lengths)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "kernel_size": self.kernel_size,
+            "dropout": self.dropout,
+            "conv_norm": self.conv_norm,
+        }
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class ConformerEncoder(CompositeLayer):
+    """features [B, T, F], feature_lengths [B] -> encoder frames [B, T', D], encoder_lengths."""
+
+    def __init__(
+        self,
+        d_model: int = 144,
+        num_blocks: int = 16,
+        num_heads: int = 4,
+        kernel_size: int = 31,
+        dropout: float = 0.1,
+        conv_norm: str = "layer",
+        subsampling_filters: int = 144,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.d_model, self.num_blocks, self.num_heads = d_model, num_blocks, num_heads
+        self.kernel_size, self.dropout, self.conv_norm = kernel_size, dropout, conv_norm
+        self.subsampling_filters = subsampling_filters
+        self.subsampling = ConvSubsampling(subsampling_filters, d_model)
+        self.drop = keras.layers.Dropout(dropout)
+        self.blocks = [
+            ConformerBlock(d_model, num_heads, kernel_size, dropout, conv_norm)
+            for _ in range(num_blocks)
+        ]
+
+    @property
+    def output_dim(self) -> int:
+        return self.d_model
+
+    def call(self, features, feature_lengths, training=False):
+        x, lengths = self.subsampling(features, feature_lengths)
+        x = self.drop(x, training=training)
+        for block in self.blocks:
+            x = block(x, lengths, training=training)
+        return x, lengths
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "num_blocks": self.num_blocks,
+            "num_heads": self.num_heads,
+            "kernel_size": self.kernel_size,
+            "dropout": self.dropout,
+            "conv_norm": self.conv_norm,
+            "subsampling_filters": self.subsampling_filters,
+        }

@@ -1,0 +1,32 @@
+"""The joint network: one encoder frame and one predictor state -> logits over V."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from asrkit.models.subsampling import CompositeLayer
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class Joint(CompositeLayer):
+    def __init__(self, vocab_size: int, dim: int = 320, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size, self.dim = vocab_size, dim
+        self.encoder_proj = keras.layers.Dense(dim, name="encoder_proj")
+        self.predictor_proj = keras.layers.Dense(dim, use_bias=False, name="predictor_proj")
+        self.output_layer = keras.layers.Dense(vocab_size, name="output")
+
+    def call(self, encoded, predicted):
+        """encoded [B, T, De], predicted [B, U+1, Dp] -> logits [B, T, U+1, V].
+
+        Also takes [B, De] and [B, Dp] (one frame, one state: decoding) -> [B, V]."""
+        if encoded.shape.rank == 2:
+            hidden = self.encoder_proj(encoded) + self.predictor_proj(predicted)
+        else:
+            enc = self.encoder_proj(encoded)[:, :, None, :]
+            hidden = enc + self.predictor_proj(predicted)[:, None, :, :]
+        return self.output_layer(tf.tanh(hidden))
+
+    def get_config(self):
+        return {**super().get_config(), "vocab_size": self.vocab_size, "dim": self.dim}

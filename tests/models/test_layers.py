@@ -1,0 +1,135 @@
+"""One harness for every layer: config round trip, eager == graph, serialization, mixed
+precision; plus padding invariance of the encoders and the transducer loss."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
+from asrkit.models.conformer import (
+    ConformerBlock,
+    ConformerEncoder,
+    ConvolutionModule,
+    FeedForward,
+    RotarySelfAttention,
+)
+from asrkit.models.joint import Joint
+from asrkit.models.lstm_encoder import LSTMEncoder
+from asrkit.models.predictor import LSTMPredictor
+from asrkit.models.subsampling import ConvSubsampling
+from asrkit.models.transducer import Transducer
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((2, 9, 16)).astype(np.float32)
+LENGTHS = np.array([9, 6], np.int32)
+FEATS = RNG.standard_normal((2, 40, 20)).astype(np.float32)
+FEAT_LENGTHS = np.array([40, 29], np.int32)
+LABELS = np.array([[3, 4, 5], [6, 7, 0]], np.int32)
+
+# (factory, call) pairs: call(layer) -> a tensor
+LAYERS = {
+    "feed_forward": (lambda: FeedForward(16, dropout=0.1), lambda m: m(X)),
+    "attention": (lambda: RotarySelfAttention(16, 2), lambda m: m(X, tf.sequence_mask(LENGTHS, 9))),
+    "conv_module": (lambda: ConvolutionModule(16, 5), lambda m: m(X, LENGTHS)),
+    "conformer_block": (lambda: ConformerBlock(16, 2, 5), lambda m: m(X, LENGTHS)),
+    "subsampling": (lambda: ConvSubsampling(8, 16), lambda m: m(FEATS, FEAT_LENGTHS)[0]),
+    "conformer": (
+        lambda: ConformerEncoder(16, 2, 2, 5, 0.1, "layer", 8),
+        lambda m: m(FEATS, FEAT_LENGTHS)[0],
+    ),
+    "lstm_encoder": (lambda: LSTMEncoder(16, 2, 0.1, 8), lambda m: m(FEATS, FEAT_LENGTHS)[0]),
+    "predictor": (lambda: LSTMPredictor(10, 8, 16), lambda m: m(LABELS)),
+    "joint": (lambda: Joint(10, 12), lambda m: m(X, X[:, :4])),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_contract(name):
+    factory, run = LAYERS[name]
+    layer = factory()
+    out = run(layer)
+    # Config round trip: same class, same config, and with the same weights the same output.
+    clone = type(layer).from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
+    run(clone)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_allclose(run(clone), out, atol=1e-6)
+    # Keras serialization knows the class by its registered name.
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    assert type(restored) is type(layer)
+    # Eager == graph.
+    np.testing.assert_allclose(tf.function(lambda: run(layer))(), out, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["conformer_block", "conformer", "lstm_encoder", "joint"])
+def test_layer_runs_in_mixed_float16(name):
+    factory, run = LAYERS[name]
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    try:
+        layer = factory()
+        out = run(layer)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    assert out.dtype == tf.float16
+    assert np.isfinite(out.numpy().astype(np.float32)).all()
+
+
+ENCODERS = {
+    "conformer": lambda: ConformerEncoder(16, 2, 2, 5, 0.0, "layer", 8),
+    "lstm": lambda: LSTMEncoder(16, 2, 0.0, 8),
+}
+
+
+@pytest.mark.parametrize("kind", list(ENCODERS))
+def test_encoder_output_is_the_same_alone_or_batched(kind):
+    encoder = ENCODERS[kind]()
+    batch = RNG.standard_normal((3, 57, 20)).astype(np.float32)
+    lengths = np.array([57, 31, 18], np.int32)
+    batch[1, 31:] = RNG.standard_normal((26, 20)) * 100  # garbage in the padding
+    batch[2, 18:] = 7.0
+    encoded, encoded_lengths = encoder(batch, lengths)
+    for b in range(3):
+        alone, alone_length = encoder(batch[b : b + 1, : lengths[b]], lengths[b : b + 1])
+        n = int(alone_length[0])
+        assert n == int(encoded_lengths[b])
+        np.testing.assert_allclose(encoded[b, :n], alone[0, :n], atol=1e-5)
+        assert np.all(encoded[b, n:].numpy() == 0)
+
+
+def _tiny_transducer(kind="lstm", normalize_by="tokens"):
+    config = ModelConfig(
+        encoder=EncoderConfig(kind=kind, d_model=16, num_blocks=1, num_heads=2, kernel_size=5,
+                              subsampling_filters=8, lstm_units=16, lstm_layers=1, dropout=0.0),
+        predictor=PredictorConfig(embed_dim=8, units=16, dropout=0.0),
+        joint_dim=16,
+        normalize_by=normalize_by,
+    )  # fmt: skip
+    return Transducer(12, config)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "conformer"])
+def test_loss_of_an_utterance_is_the_same_alone_or_batched(kind):
+    model = _tiny_transducer(kind, normalize_by="utterances")
+    feats = RNG.standard_normal((3, 60, 80)).astype(np.float32)
+    lengths = np.array([60, 41, 30], np.int32)
+    labels = np.array([[1, 2, 3, 4], [5, 6, 0, 0], [7, 0, 0, 0]], np.int32)
+    label_lengths = np.array([4, 2, 1], np.int32)
+    batch_sum, count = model.compute_loss_terms((feats, lengths, labels, label_lengths), False)
+    assert int(count) == 3
+    alone = 0.0
+    for b in range(3):
+        piece = (feats[b : b + 1, : lengths[b]], lengths[b : b + 1],
+                 labels[b : b + 1, : label_lengths[b]], label_lengths[b : b + 1])  # fmt: skip
+        loss, _ = model.compute_loss_terms(piece, False)
+        alone += float(loss)
+    assert float(batch_sum) == pytest.approx(alone, rel=1e-5)
+    tokens_model = _tiny_transducer(kind, normalize_by="tokens")
+    _, tokens = tokens_model.compute_loss_terms((feats, lengths, labels, label_lengths), False)
+    assert int(tokens) == 7
+
+
+def test_transducer_config_round_trip():
+    model = _tiny_transducer("conformer")
+    clone = Transducer.from_config(model.get_config())
+    assert clone.config == model.config and clone.vocab_size == 12
