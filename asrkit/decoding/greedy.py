@@ -1,0 +1,111 @@
+"""Batched greedy transducer decoding in graph mode.
+
+At each encoder frame the joint is evaluated on the current predictor state; while the
+best symbol is not blank (and at most `max_symbols_per_step` times per frame) it is emitted
+and the predictor advances. Rows are independent: a row past its `encoder_lengths` emits
+nothing, and per-row `tf.where` keeps the others' predictor states untouched. Uses only
+the model's `encode`, `predictor.step` and `join`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from asrkit.tokenizer import BLANK_ID
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One utterance's result; beam search returns the same type."""
+
+    tokens: list[int]
+    frames: list[int]  # encoder frame at which each token was emitted
+    score: float  # Σ log-probabilities of every decision taken (blanks included)
+    text: str = ""
+
+
+def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = 3):
+    """encoded [B, T, D] -> (tokens [B, T·S], frames [B, T·S], counts [B], scores [B]).
+
+    Token slots past counts[b] hold -1. Runs as a tf.while_loop over frames with an inner
+    loop over symbols, so it compiles into one graph.
+    """
+    batch, frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
+    capacity = frames * max_symbols_per_step
+    predictor = model.predictor
+    pred_out, state = predictor.step(tf.fill([batch], BLANK_ID), predictor.initial_state(batch))
+    tokens = tf.fill([batch, capacity], -1)
+    token_frames = tf.fill([batch, capacity], -1)
+    counts = tf.zeros([batch], tf.int32)
+    scores = tf.zeros([batch], tf.float32)
+
+    def frame_body(t, pred_out, state, tokens, token_frames, counts, scores):
+        frame = encoded[:, t, :]
+        active = t < encoder_lengths
+
+        def symbol_cond(s, active, *_):
+            return tf.logical_and(s < max_symbols_per_step, tf.reduce_any(active))
+
+        def symbol_body(s, active, pred_out, state, tokens, token_frames, counts, scores):
+            log_probs = tf.nn.log_softmax(tf.cast(model.join(frame, pred_out), tf.float32))
+            best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+            scores += tf.where(active, tf.reduce_max(log_probs, axis=-1), 0.0)
+            emit = tf.logical_and(active, best != BLANK_ID)
+            slots = tf.stack([tf.range(batch), tf.minimum(counts, capacity - 1)], axis=1)
+            rows = tf.boolean_mask(slots, emit)
+            tokens = tf.tensor_scatter_nd_update(tokens, rows, tf.boolean_mask(best, emit))
+            token_frames = tf.tensor_scatter_nd_update(
+                token_frames, rows, tf.fill([tf.shape(rows)[0]], t)
+            )
+            counts += tf.cast(emit, tf.int32)
+            new_out, new_state = predictor.step(tf.where(emit, best, BLANK_ID), state)
+            keep = emit[:, None]
+            pred_out = tf.where(keep, new_out, pred_out)
+            state = [(tf.where(keep, h2, h), tf.where(keep, c2, c))
+                     for (h, c), (h2, c2) in zip(state, new_state, strict=True)]  # fmt: skip
+            return s + 1, emit, pred_out, state, tokens, token_frames, counts, scores
+
+        loop = tf.while_loop(
+            symbol_cond,
+            symbol_body,
+            [0, active, pred_out, state, tokens, token_frames, counts, scores],
+        )
+        return (t + 1, *loop[2:])
+
+    result = tf.while_loop(
+        lambda t, *_: t < frames,
+        frame_body,
+        [0, pred_out, state, tokens, token_frames, counts, scores],
+    )
+    return result[3], result[4], result[5], result[6]
+
+
+def greedy_decode(
+    model, features, feature_lengths, tokenizer=None, max_symbols_per_step: int = 3
+) -> list[Hypothesis]:
+    """Encodes and greedily decodes a padded batch; returns one `Hypothesis` per utterance."""
+    tokens, frames, counts, scores = _compiled(model, max_symbols_per_step)(
+        tf.convert_to_tensor(features, tf.float32), tf.convert_to_tensor(feature_lengths, tf.int32)
+    )
+    out = []
+    for row in range(int(tf.shape(counts)[0])):
+        n = int(counts[row])
+        ids = tokens[row, :n].numpy().tolist()
+        text = tokenizer.decode(ids) if tokenizer is not None else ""
+        out.append(Hypothesis(ids, frames[row, :n].numpy().tolist(), float(scores[row]), text))
+    return out
+
+
+def _compiled(model, max_symbols_per_step: int):
+    cache = model.__dict__.setdefault("_asrkit_greedy", {})
+    if max_symbols_per_step not in cache:
+
+        @tf.function(reduce_retracing=True)
+        def run(features, feature_lengths):
+            encoded, lengths = model.encode(features, feature_lengths, training=False)
+            return greedy_search(model, encoded, lengths, max_symbols_per_step)
+
+        cache[max_symbols_per_step] = run
+    return cache[max_symbols_per_step]
