@@ -1,12 +1,19 @@
-"""Frozen configuration dataclasses: the only place defaults live.
+"""Frozen configuration dataclasses — the only place defaults live — and the strict loader.
 
-Later issues add the model, training and decoding sections and the strict YAML loader;
-each section is a frozen dataclass and overrides go through `dataclasses.replace`.
+A YAML recipe is read into `ExperimentConfig`; an unknown key or a value of the wrong type
+is an error naming the key and its section; `--set a.b=c` overrides are applied before.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import os
+import types
+import typing
 from dataclasses import dataclass
+
+import yaml
 
 
 @dataclass(frozen=True)
@@ -74,3 +81,128 @@ class ModelConfig:
             raise ValueError(
                 f"model.normalize_by must be one of {NORMALIZERS}, got {self.normalize_by!r}"
             )
+
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+STRATEGIES = ("auto", "mirrored", "multiworker")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train_shards: str = "shards/train"  # directory of *.tfrecord from `asrkit features extract`
+    dev_shards: str | None = "shards/dev"
+    tokenizer: str = "tokenizer"  # directory from `asrkit tokenizer train`
+    cmvn: str | None = None  # JSON from `asrkit features cmvn`
+    batch_seconds: float = 60.0  # audio per micro-batch, padding included
+    num_buckets: int = 8
+    shuffle_buffer: int = 2048
+    spec_augment: bool = True
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 10
+    accumulation_steps: int = 1
+    effective_batch_seconds: float | None = None  # if set, derives accumulation_steps
+    learning_rate: float = 1e-3  # peak, reached after the warm-up
+    warmup_updates: int = 500  # counted in optimizer updates, not micro-batches
+    weight_decay: float = 1e-3
+    clip_global_norm: float | None = 5.0
+    precision: str = "float32"
+    strategy: str = "auto"
+    seed: int = 0
+    checkpoint_every: int = 200  # updates
+    keep_checkpoints: int = 3
+    max_symbols_per_step: int = 3
+    jit_compile: bool = False
+    max_consecutive_skips: int = 25
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision must be one of {PRECISIONS}: {self.precision!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"train.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    features: FeatureConfig = FeatureConfig()
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the key and section."""
+
+
+def build_config(cls, data: dict, section: str = ""):
+    """A frozen dataclass from a dict, strictly: unknown keys and wrong types are errors."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"section '{section or 'top level'}' must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            where = f"section '{section}'" if section else "the top level"
+            raise ConfigError(f"unknown key '{key}' in {where} (known: {sorted(names)})")
+    values = {}
+    for key, value in data.items():
+        kind = hints[key]
+        path = f"{section}.{key}" if section else key
+        if dataclasses.is_dataclass(kind):
+            values[key] = build_config(kind, value, path)
+        else:
+            values[key] = _check_type(value, kind, path)
+    try:
+        return cls(**values)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _check_type(value, kind, path):
+    union = typing.get_origin(kind) in (typing.Union, types.UnionType)
+    allowed = typing.get_args(kind) if union else (kind,)
+    if value is None and type(None) in allowed:
+        return None
+    for t in allowed:
+        if t is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if t in (str, bool) and isinstance(value, t):
+            return value
+    names = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
+    raise ConfigError(f"'{path}' must be {names}, got {value!r}")
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """`a.b=c` assignments (values parsed as YAML) applied to a nested dict copy."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects key.path=value, got {item!r}")
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: '{part}' is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> ExperimentConfig:
+    data = {}
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    try:
+        return build_config(ExperimentConfig, apply_overrides(data, list(overrides)))
+    except ConfigError as err:
+        raise ConfigError(f"{path or '--set'}: {err}") from None
+
+
+def dump_config(config: ExperimentConfig) -> str:
+    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)

@@ -89,16 +89,17 @@ def write_shards(
     def write(index: int) -> tuple[int, int]:
         path = shards[index]
         tmp = path.with_suffix(".tmp")
-        count = frames = 0
+        lengths = []
         with tf.io.TFRecordWriter(str(tmp)) as writer:
             for utt, speed in items[index::num_shards]:
                 feats, duration = _features(utt, speed, config)
                 utt_id = utt.id if speed == 1.0 else f"sp{speed}-{utt.id}"
                 writer.write(serialize_example(utt_id, feats, tokenizer.encode(utt.text), duration))
-                count += 1
-                frames += len(feats)
+                lengths.append(len(feats))
+        # Frame counts beside each shard: bucket planning need not parse the features.
+        path.with_suffix(".lengths.json").write_text(json.dumps(lengths))
         os.replace(tmp, path)
-        return count, frames
+        return len(lengths), sum(lengths)
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         done = list(
@@ -113,6 +114,17 @@ def write_shards(
     index = {"manifest": str(manifest), "speeds": list(speeds), "num_shards": num_shards}
     (out_dir / "shards.json").write_text(json.dumps(index, indent=2) + "\n")
     return summary
+
+
+def shard_lengths(shard_dir: str | os.PathLike) -> tuple[list[str], np.ndarray]:
+    """The shard files of a directory and every record's frame count."""
+    files = sorted(str(p) for p in Path(shard_dir).glob("*.tfrecord"))
+    if not files:
+        raise FileNotFoundError(
+            f"{shard_dir}: no *.tfrecord shards (run `asrkit features extract`)"
+        )
+    lengths = [json.loads(Path(f).with_suffix(".lengths.json").read_text()) for f in files]
+    return files, np.array([n for shard in lengths for n in shard], np.int64)
 
 
 def _features(utt: Utterance, speed: float, config: FeatureConfig) -> tuple[np.ndarray, float]:

@@ -173,3 +173,19 @@ def test_shards_hold_the_features_and_tokens_and_resume(tmp_path, speeds):
     summary.shards[1].unlink()
     again = write_shards(manifest, tok, out, num_shards=3, speeds=speeds, show_progress=False)
     assert again.skipped_existing == 2 and summary.shards[1].exists()
+
+
+def test_shard_lengths_match_the_records(tmp_path):
+    from asrkit.data.records import shard_lengths
+
+    corpus = tmp_path / "corpus"
+    make_synthetic_corpus(corpus, "tiny", seed=6, show_progress=False)
+    prepare_librispeech(corpus, ["train-clean-100"], tmp_path, show_progress=False)
+    manifest = tmp_path / "train-clean-100.jsonl"
+    tok = train_tokenizer([u.text for u in read_manifest(manifest)] * 3, tmp_path / "t", 30, "char")
+    write_shards(manifest, tok, tmp_path / "s", num_shards=2, show_progress=False)
+    files, lengths = shard_lengths(tmp_path / "s")
+    parsed = [int(parse_example(r, 80)["feature_lengths"]) for r in tf.data.TFRecordDataset(files)]
+    assert sorted(parsed) == sorted(lengths.tolist())
+    with pytest.raises(FileNotFoundError, match="asrkit features extract"):
+        shard_lengths(tmp_path)

@@ -1,0 +1,55 @@
+"""Strict configuration: unknown keys and wrong types are errors that name key and section."""
+
+import dataclasses
+
+import pytest
+
+from asrkit.config import ConfigError, ExperimentConfig, dump_config, load_config
+
+
+def write(tmp_path, text):
+    path = tmp_path / "conf.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_and_overrides(tmp_path):
+    path = write(tmp_path, "train:\n  epochs: 3\nmodel:\n  encoder:\n    kind: lstm\n")
+    config = load_config(path, ["train.learning_rate=0.002", "model.encoder.lstm_units=64"])
+    assert config.train.epochs == 3 and config.train.learning_rate == 0.002
+    assert config.model.encoder.kind == "lstm" and config.model.encoder.lstm_units == 64
+    assert config.model.encoder.num_heads == ExperimentConfig().model.encoder.num_heads
+    assert isinstance(config.train.learning_rate, float)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("train:\n  epoch: 3\n", "unknown key 'epoch' in section 'train'"),
+        ("model:\n  encoder:\n    depth: 3\n", "unknown key 'depth' in section 'model.encoder'"),
+        ("trian: {}\n", "unknown key 'trian' in the top level"),
+        ("train:\n  epochs: three\n", "'train.epochs' must be int"),
+        ("train:\n  epochs: 2.5\n", "'train.epochs' must be int"),
+        ("train:\n  precision: fp16\n", "train.precision must be one of"),
+        ("data: 3\n", "section 'data' must be a mapping"),
+    ],
+)
+def test_bad_configs_name_the_key_and_section(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text))
+
+
+def test_bad_override_is_reported():
+    with pytest.raises(ConfigError, match="unknown key 'nope'"):
+        load_config(None, ["train.nope=1"])
+    with pytest.raises(ConfigError, match=r"key\.path=value"):
+        load_config(None, ["train.epochs"])
+
+
+def test_dump_round_trip(tmp_path):
+    config = load_config(None, ["data.cmvn=stats.json", "train.clip_global_norm=null"])
+    again = load_config(write(tmp_path, dump_config(config)))
+    assert again == config
+    assert again.train.clip_global_norm is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.train.epochs = 5
