@@ -1,0 +1,32 @@
+"""`asrkit train` / `asrkit-train`: train a transducer from a YAML config."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    train = subparsers.add_parser("train", help="train a transducer (resumes automatically)")
+    train.add_argument("--config", help="YAML config (unknown keys are errors)")
+    train.add_argument("--exp-dir", required=True, help="experiment directory")
+    train.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="KEY=VALUE", help="override, e.g. --set train.epochs=5")  # fmt: skip
+    train.add_argument("--init-from", help="checkpoint or experiment dir to fine-tune from")
+    train.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from asrkit.config import ConfigError, load_config
+    from asrkit.training.trainer import train
+
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        raise SystemExit(f"asrkit train: {err}") from None
+    result = train(config, args.exp_dir, init_from=args.init_from)
+    wer = "n/a" if result.dev_wer is None else f"{result.dev_wer * 100:.2f} %"
+    print(
+        f"done: {result.state.updates} updates, {result.state.epoch} epochs, dev WER {wer}, "
+        f"{result.seconds:.0f} s -> {args.exp_dir}"
+    )
+    return 0

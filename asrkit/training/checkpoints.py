@@ -1,0 +1,68 @@
+"""Atomic checkpoints of model + optimizer + training progress, keeping the last K.
+
+Each checkpoint is a directory `ckpt-<updates>` holding a tf.train.Checkpoint and
+`state.json`; it is written under a temporary name and renamed when complete, so a run
+killed at any moment leaves only whole checkpoints behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import tensorflow as tf
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """Training progress, saved with every checkpoint (config stays immutable)."""
+
+    epoch: int  # the epoch in progress
+    micro_batches: int  # micro-batches of that epoch already consumed
+    updates: int  # optimizer updates so far
+    best_wer: float | None = None
+
+
+class CheckpointManager:
+    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+        self.directory = Path(directory)
+        self.keep = max(1, keep)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob("*.tmp"):  # a write that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def checkpoints(self) -> list[Path]:
+        found = [p for p in self.directory.glob("ckpt-*") if (p / "state.json").exists()]
+        return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+    def latest(self) -> Path | None:
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def save(self, model, state: TrainState) -> Path:
+        final = self.directory / f"ckpt-{state.updates:08d}"
+        if final.exists():
+            shutil.rmtree(final)
+        tmp = self.directory / f"ckpt-{state.updates:08d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(str(tmp / "ckpt"))
+        (tmp / "state.json").write_text(json.dumps(asdict(state)) + "\n")
+        os.replace(tmp, final)
+        for old in self.checkpoints()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+
+def restore(model, path: str | os.PathLike, with_optimizer: bool = True) -> TrainState:
+    """Loads a checkpoint directory into a built model (and its optimizer)."""
+    path = Path(path)
+    if with_optimizer:
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer).read(
+            str(path / "ckpt")
+        ).assert_existing_objects_matched()
+    else:
+        tf.train.Checkpoint(model=model).read(str(path / "ckpt")).expect_partial()
+    return TrainState(**json.loads((path / "state.json").read_text()))
