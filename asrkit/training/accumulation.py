@@ -182,7 +182,8 @@ class AccumulatingModel(keras.Model):
             raise ValueError(
                 "AccumulatingModel.fit takes a dataset of micro-batches; y must be None"
             )
-        self.build_engine(_first_element(x))
+        if self._engine is None:
+            self.build_engine(_first_element(x))
         kwargs.setdefault("shuffle", False)  # a dataset is shuffled by its own pipeline
         with warnings.catch_warnings():
             # Keras warns at the end of every epoch of a dataset of unknown length; here

@@ -48,7 +48,7 @@ class CheckpointManager:
             shutil.rmtree(final)
         tmp = self.directory / f"ckpt-{state.updates:08d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(str(tmp / "ckpt"))
+        _checkpoint(model, with_optimizer=True).write(str(tmp / "ckpt"))
         (tmp / "state.json").write_text(json.dumps(asdict(state)) + "\n")
         os.replace(tmp, final)
         for old in self.checkpoints()[: -self.keep]:
@@ -59,10 +59,20 @@ class CheckpointManager:
 def restore(model, path: str | os.PathLike, with_optimizer: bool = True) -> TrainState:
     """Loads a checkpoint directory into a built model (and its optimizer)."""
     path = Path(path)
+    status = _checkpoint(model, with_optimizer).read(str(path / "ckpt"))
     if with_optimizer:
-        tf.train.Checkpoint(model=model, optimizer=model.optimizer).read(
-            str(path / "ckpt")
-        ).assert_existing_objects_matched()
+        status.assert_existing_objects_matched()
     else:
-        tf.train.Checkpoint(model=model).read(str(path / "ckpt")).expect_partial()
+        status.expect_partial()
     return TrainState(**json.loads((path / "state.json").read_text()))
+
+
+def _checkpoint(model, with_optimizer: bool) -> tf.train.Checkpoint:
+    """Every model variable, in creation order — non-trainable ones too (normalisation
+    statistics, dropout RNG states): `tf.train.Checkpoint(model=...)` on a Keras 3 model
+    reaches only the variables the optimizer tracks, and a resumed run would diverge.
+    (Order, not `v.path`: paths carry per-process layer-name suffixes like `_1`.)"""
+    variables = [v.value for v in model.variables]
+    if with_optimizer:
+        return tf.train.Checkpoint(variables=variables, optimizer=model.optimizer)
+    return tf.train.Checkpoint(variables=variables)

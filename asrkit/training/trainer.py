@@ -9,7 +9,6 @@ automatically from the latest checkpoint (same data order: the pipeline is a fun
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -23,9 +22,7 @@ from asrkit import __version__
 from asrkit.config import ExperimentConfig, dump_config
 from asrkit.data.pipeline import PipelineConfig, bucket_plan, make_dataset
 from asrkit.data.records import shard_lengths
-from asrkit.decoding.greedy import greedy_decode
-from asrkit.features import GlobalNormalizer
-from asrkit.metrics import error_rates
+from asrkit.decoding.runner import decode_shards, normalizer_for
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import Tokenizer
 from asrkit.training.checkpoints import CheckpointManager, TrainState, restore
@@ -38,6 +35,7 @@ class TrainResult:
     dev_wer: float | None
     parameters: int
     seconds: float
+    epoch_losses: list[float]  # Σ loss / Σ count of each epoch trained in this call
 
 
 def resolve_strategy(name: str) -> tf.distribute.Strategy:
@@ -94,7 +92,7 @@ def train(
     strategy = resolve_strategy(config.train.strategy)
 
     tokenizer = Tokenizer.load(config.data.tokenizer)
-    normalize = _normalizer(config)
+    normalize = normalizer_for(config)
     files, lengths = shard_lengths(config.data.train_shards)
     pipe = pipeline_config(config)
     plan = bucket_plan(lengths, pipe)
@@ -128,45 +126,27 @@ def train(
         _init_from(model, init_from, log)
 
     writer = tf.summary.create_file_writer(str(exp_dir / "tensorboard"))
-    dev_wer = state.best_wer
+    dev_wer, epoch_losses = state.best_wer, []
     while state.epoch < config.train.epochs:
         progress = _Progress(manager, state, micro_per_epoch, config, writer, log)
-        model.fit(dataset(state.epoch, state.micro_batches), verbose=0, callbacks=[progress])
+        history = model.fit(
+            dataset(state.epoch, state.micro_batches), verbose=0, callbacks=[progress]
+        )
+        epoch_losses += history.history.get("loss", [])[-1:]
         updates = int(model.optimizer.iterations.numpy())
         state = TrainState(state.epoch + 1, 0, updates, state.best_wer)
         if config.data.dev_shards:
-            dev_wer = evaluate_wer(model, config, tokenizer, normalize).wer
+            dev_wer = decode_shards(
+                model, config.data.dev_shards, tokenizer, pipe, normalize,
+                config.train.max_symbols_per_step,
+            ).rates.wer  # fmt: skip
             best = dev_wer if state.best_wer is None else min(dev_wer, state.best_wer)
             state = dataclasses.replace(state, best_wer=best)
             with writer.as_default():
                 tf.summary.scalar("dev/wer", dev_wer, step=updates)
             log(f"epoch {state.epoch}: dev WER {dev_wer * 100:.2f} %")
         manager.save(model, state)
-    return TrainResult(state, dev_wer, parameters, time.monotonic() - start)
-
-
-def evaluate_wer(model, config: ExperimentConfig, tokenizer, normalize=None):
-    files, lengths = shard_lengths(config.data.dev_shards)
-    pipe = dataclasses.replace(pipeline_config(config), spec_augment=None)
-    plan = bucket_plan(lengths, pipe)
-    refs, hyps = [], []
-    dataset = make_dataset(files, pipe, *plan, training=False, normalize=normalize)
-    for batch in dataset:
-        found = greedy_decode(
-            model, batch.features, batch.feature_lengths, tokenizer,
-            config.train.max_symbols_per_step,
-        )  # fmt: skip
-        for row, hyp in enumerate(found):
-            n = int(batch.label_lengths[row])
-            refs.append(tokenizer.decode(batch.labels[row, :n].numpy().tolist()))
-            hyps.append(hyp.text)
-    return error_rates(refs, hyps)
-
-
-def _normalizer(config: ExperimentConfig):
-    if not config.data.cmvn:
-        return None
-    return GlobalNormalizer.from_dict(json.loads(Path(config.data.cmvn).read_text()))
+    return TrainResult(state, dev_wer, parameters, time.monotonic() - start, epoch_losses)
 
 
 def _micro_batches(lengths: np.ndarray, plan) -> int:

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The mini recipe: a transducer trained from nothing on the built-in synthetic corpus.
+#
+# Usage: recipes/mini/run.sh [--stage N] [--stop-stage M] [--work DIR]
+#                            [--config FILE] [--set key=value]...
+#   0  synthesise the corpus (eSpeak NG; Debian's flite/festival voices too when present,
+#      installed with apt when run as root unless ASRKIT_NO_APT=1)
+#   1  prepare LibriSpeech-style manifests
+#   2  train a SentencePiece tokenizer
+#   3  extract features to TFRecord shards (+ global mean/variance statistics)
+#   4  train
+#   5  decode test-clean (voices never heard in training) and score
+# Each finished stage leaves <work>/.done/<stage>; a rerun skips it (delete it to redo).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+stage=0; stop_stage=5; work=exp/mini; config="$here/conf/lstm_cpu.yaml"; sets=()
+while (( $# )); do
+  case "$1" in
+    --stage) stage=$2; shift 2 ;;
+    --stop-stage) stop_stage=$2; shift 2 ;;
+    --work) work=$2; shift 2 ;;
+    --config) config=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
+    --set) sets+=(--set "$2"); shift 2 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+asrkit=${ASRKIT:-asrkit}
+mkdir -p "$work/.done"; cd "$work"
+log() { echo "[$(date '+%H:%M:%S')] $*"; }
+run_stage() {  # run_stage N name command...
+  local n=$1 name=$2; shift 2
+  (( n < stage || n > stop_stage )) && return 0
+  if [[ -f .done/$n ]]; then log "stage $n ($name): done before, skipped"; return 0; fi
+  log "stage $n ($name)"; local t0=$SECONDS
+  "$@"
+  touch ".done/$n"; log "stage $n ($name) took $((SECONDS - t0)) s"
+}
+
+install_voices() {
+  if [[ $(id -u) == 0 && -z ${ASRKIT_NO_APT:-} ]] && command -v apt-get >/dev/null; then
+    apt-get install -y -qq flite festival festvox-kallpc16k festvox-us-slt-hts sox \
+      >/dev/null 2>&1 || log "could not install the Debian voices; eSpeak NG only"
+  fi
+  "$asrkit" corpus synth --out corpus --preset mini --seed 0
+}
+features() {
+  for part in train-clean-100 dev-clean test-clean; do
+    "$asrkit" features extract --manifest "data/$part.jsonl" --tokenizer tokenizer \
+      --out "shards/${part%%-*}" --shards 8
+  done
+  "$asrkit" features cmvn --shards shards/train --out cmvn.json
+}
+
+run_stage 0 corpus install_voices
+run_stage 1 prepare "$asrkit" prepare librispeech --root corpus \
+  --parts train-clean-100,dev-clean,test-clean --out data
+run_stage 2 tokenizer "$asrkit" tokenizer train --manifest data/train-clean-100.jsonl \
+  --vocab-size 64 --model-type unigram --out tokenizer
+run_stage 3 features features
+run_stage 4 train "$asrkit" train --config "$config" --exp-dir exp "${sets[@]}"
+run_stage 5 decode "$asrkit" decode --exp-dir exp --shards shards/test --out exp/decode_test
