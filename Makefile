@@ -14,11 +14,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-# Until the mini recipe lands, the demo runs what exists: the RNN-T loss benchmark on
-# its first reference shape and the accumulation benchmark (overhead, memory, exactness).
+# The main job: the mini recipe, from synthesising the corpus to the test-set WER.
 demo: $(VENV)/.installed
-	$(BIN)/python tools/bench_rnnt_loss.py --shapes 8,150,40,256
-	$(BIN)/python tools/bench_accumulation.py --micro-batches 16
+	ASRKIT=$(abspath $(BIN))/asrkit bash recipes/mini/run.sh --work exp/mini
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest

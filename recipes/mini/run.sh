@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The mini recipe: a transducer trained from nothing on the built-in synthetic corpus.
 #
-# Usage: recipes/mini/run.sh [--stage N] [--stop-stage M] [--work DIR]
+# Usage: recipes/mini/run.sh [--stage N] [--stop-stage M] [--work DIR] [--preset mini|tiny]
 #                            [--config FILE] [--set key=value]...
 #   0  synthesise the corpus (eSpeak NG; Debian's flite/festival voices too when present,
 #      installed with apt when run as root unless ASRKIT_NO_APT=1)
@@ -14,15 +14,16 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-stage=0; stop_stage=5; work=exp/mini; config="$here/conf/lstm_cpu.yaml"; sets=()
+stage=0; stop_stage=5; work=exp/mini; preset=mini; config="$here/conf/lstm_cpu.yaml"; sets=()
 while (( $# )); do
   case "$1" in
     --stage) stage=$2; shift 2 ;;
     --stop-stage) stop_stage=$2; shift 2 ;;
     --work) work=$2; shift 2 ;;
+    --preset) preset=$2; shift 2 ;;
     --config) config=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
     --set) sets+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -43,7 +44,7 @@ install_voices() {
     apt-get install -y -qq flite festival festvox-kallpc16k festvox-us-slt-hts sox \
       >/dev/null 2>&1 || log "could not install the Debian voices; eSpeak NG only"
   fi
-  "$asrkit" corpus synth --out corpus --preset mini --seed 0
+  "$asrkit" corpus synth --out corpus --preset "$preset" --seed 0
 }
 features() {
   for part in train-clean-100 dev-clean test-clean; do
@@ -56,8 +57,9 @@ features() {
 run_stage 0 corpus install_voices
 run_stage 1 prepare "$asrkit" prepare librispeech --root corpus \
   --parts train-clean-100,dev-clean,test-clean --out data
+vocab=64; [[ $preset == tiny ]] && vocab=28  # a dozen sentences cannot fill 64 pieces
 run_stage 2 tokenizer "$asrkit" tokenizer train --manifest data/train-clean-100.jsonl \
-  --vocab-size 64 --model-type unigram --out tokenizer
+  --vocab-size "$vocab" --model-type unigram --out tokenizer
 run_stage 3 features features
 run_stage 4 train "$asrkit" train --config "$config" --exp-dir exp "${sets[@]}"
 run_stage 5 decode "$asrkit" decode --exp-dir exp --shards shards/test --out exp/decode_test
