@@ -7,11 +7,11 @@ import os
 import sys
 
 from asrkit import __version__
-from asrkit.cli import corpus, decode, features, prepare, tokenizer, train
+from asrkit.cli import corpus, decode, features, prepare, tokenizer, train, verify
 
 # Each subcommand module exposes `register(subparsers)`; its parser sets `func`.
 # The data, training and decoding commands register here as they land.
-SUBCOMMANDS = (corpus, decode, features, prepare, tokenizer, train)
+SUBCOMMANDS = (corpus, decode, features, prepare, tokenizer, train, verify)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -65,11 +65,14 @@ def accumulation_steps(config: ExperimentConfig) -> int:
     return max(1, math.ceil(t.effective_batch_seconds / config.data.batch_seconds))
 
 
-def build_model(config: ExperimentConfig, vocab_size: int, steps: int) -> Transducer:
+def build_model(
+    config: ExperimentConfig, vocab_size: int, steps: int, optimizer=None
+) -> Transducer:
     t = config.train
     model = Transducer(vocab_size, config.model, name="transducer")
-    schedule = WarmupInverseSqrt(t.learning_rate, t.warmup_updates)
-    optimizer = keras.optimizers.AdamW(schedule, weight_decay=t.weight_decay)
+    if optimizer is None:
+        schedule = WarmupInverseSqrt(t.learning_rate, t.warmup_updates)
+        optimizer = keras.optimizers.AdamW(schedule, weight_decay=t.weight_decay)
     model.compile(
         optimizer,
         accumulation_steps=steps,

@@ -130,3 +130,37 @@ def test_sigkill_at_any_moment_then_resume_ends_identical(workdir, uninterrupted
     b = _weights(CheckpointManager(exp / "checkpoints").latest())
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def _verify(workdir, *overrides):
+    from asrkit.training.verify import verify_accumulation
+
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        return verify_accumulation(load_config(workdir / "conf.yaml", list(overrides)), steps=3)
+    finally:
+        os.chdir(cwd)
+        import keras
+
+        keras.mixed_precision.set_dtype_policy("float32")
+
+
+def test_verify_accumulation_passes_on_the_real_transducer(workdir):
+    report = _verify(workdir)
+    assert report.passed and report.max_relative_difference < 1e-5
+    assert len(report.micro_batch_sizes) == 3
+
+
+def test_verify_accumulation_catches_batch_norm(workdir):
+    # BatchNorm normalises each micro-batch with its own statistics: not the union's update.
+    conformer = ["model.encoder.kind=conformer", "model.encoder.d_model=16",
+                 "model.encoder.num_blocks=1", "model.encoder.num_heads=2",
+                 "model.encoder.kernel_size=5", "model.encoder.subsampling_filters=8"]  # fmt: skip
+    assert _verify(workdir, *conformer).passed
+    assert not _verify(workdir, *conformer, "model.encoder.conv_norm=batch").passed
+
+
+def test_verify_accumulation_mixed_float16(workdir):
+    report = _verify(workdir, "train.precision=mixed_float16")
+    assert report.passed
