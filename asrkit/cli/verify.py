@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     line = (
         f"{verdict}: {report.steps} micro-batches (sizes {report.micro_batch_sizes}) vs their "
         f"union, precision {config.train.precision}: max relative weight difference "
-        f"{report.max_relative_difference:.2e} (tolerance {report.tolerance:.0e})"
+        f"{report.max_relative_difference:.2e} (tolerance {report.tolerance:.0e}), relative "
+        f"norm of the difference {report.norm_relative_difference:.2e}"
     )
     print(line)
     out = Path(args.exp_dir)

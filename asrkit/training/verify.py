@@ -31,7 +31,9 @@ class VerifyReport:
     steps: int
     micro_batch_sizes: list[int]
     max_relative_difference: float  # max |Δw_accumulated - Δw_union| / max |Δw_union|
-    tolerance: float
+    norm_relative_difference: float  # ‖Δw_accumulated - Δw_union‖ / ‖Δw_union‖
+    tolerance: float  # on the max relative difference
+    attempts: int  # windows tried until both updates were applied (float16 overflow skips)
 
     @property
     def passed(self) -> bool:
@@ -46,7 +48,10 @@ def verify_accumulation(
     config = _deterministic(config)
     precision = config.train.precision
     if tolerance is None:
-        tolerance = 1e-4 if precision == "float32" else 2e-2
+        # bfloat16 keeps 8 mantissa bits: two bf16 computations of the same gradient in
+        # different batch shapes differ by ~10 % (measured on the mini model), so its check
+        # only catches gross errors (a doubled, dropped or mis-normalised window).
+        tolerance = {"float32": 1e-4, "mixed_float16": 2e-2}.get(precision, 0.25)
     keras.mixed_precision.set_dtype_policy(precision)
     tokenizer = Tokenizer.load(config.data.tokenizer)
     files, lengths = shard_lengths(config.data.train_shards)
@@ -68,19 +73,30 @@ def verify_accumulation(
     for var, value in zip(union_model.trainable_variables, initial, strict=True):
         var.assign(value)
 
-    accumulated.fit(_as_dataset(micro), verbose=0)
-    union_model.fit(_as_dataset([_union(micro)]), verbose=0)
-    moved = max(
-        float(np.max(np.abs(v.numpy() - w0)))
-        for v, w0 in zip(union_model.trainable_variables, initial, strict=True)
-    )
-    diff = max(
-        float(np.max(np.abs(a.numpy() - b.numpy())))
-        for a, b in zip(
-            accumulated.trainable_variables, union_model.trainable_variables, strict=True
-        )
-    )
-    return VerifyReport(steps, [len(m[1]) for m in micro], diff / max(moved, 1e-30), tolerance)
+    # Under float16 a window can overflow and be skipped (the engine then halves the loss
+    # scale): retry until each side has made its one update, or the check would be vacuous.
+    attempts = 0
+    for model, data in ((accumulated, micro), (union_model, [_union(micro)])):
+        while int(model.optimizer.iterations.numpy()) == 0:
+            attempts += 1
+            if attempts > 40:
+                raise RuntimeError("verify-accumulation: every window overflowed; check the data")
+            model.fit(_as_dataset(data), verbose=0)
+    delta_union = [
+        v.numpy() - w0 for v, w0 in zip(union_model.trainable_variables, initial, strict=True)
+    ]
+    delta_acc = [
+        v.numpy() - w0 for v, w0 in zip(accumulated.trainable_variables, initial, strict=True)
+    ]
+    diffs = [a - u for a, u in zip(delta_acc, delta_union, strict=True)]
+    largest = max(float(np.max(np.abs(u))) for u in delta_union)
+    max_rel = max(float(np.max(np.abs(d))) for d in diffs) / max(largest, 1e-30)
+    norm = np.sqrt(sum(float(np.sum(np.square(u.astype(np.float64)))) for u in delta_union))
+    norm_diff = np.sqrt(sum(float(np.sum(np.square(d.astype(np.float64)))) for d in diffs))
+    return VerifyReport(
+        steps, [len(m[1]) for m in micro], max_rel, norm_diff / max(norm, 1e-30), tolerance,
+        attempts,
+    )  # fmt: skip
 
 
 def _deterministic(config: ExperimentConfig) -> ExperimentConfig:

@@ -163,4 +163,5 @@ def test_verify_accumulation_catches_batch_norm(workdir):
 
 def test_verify_accumulation_mixed_float16(workdir):
     report = _verify(workdir, "train.precision=mixed_float16")
-    assert report.passed
+    assert report.passed and report.attempts >= 2  # both sides really made their update
+    assert 0 < report.norm_relative_difference < 1e-2
