@@ -116,6 +116,7 @@ class TrainConfig:
     max_symbols_per_step: int = 3
     jit_compile: bool = False
     max_consecutive_skips: int = 25
+    freeze_encoder: int = 0  # fine-tuning: 0 none, -1 the whole encoder, n its first n layers
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:

@@ -76,3 +76,32 @@ def _checkpoint(model, with_optimizer: bool) -> tf.train.Checkpoint:
     if with_optimizer:
         return tf.train.Checkpoint(variables=variables, optimizer=model.optimizer)
     return tf.train.Checkpoint(variables=variables)
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    loaded: list[str]
+    skipped: list[tuple[str, str]]  # (variable path, why)
+
+
+def load_matching_weights(model, path: str | os.PathLike) -> LoadReport:
+    """Fine-tuning: copies every model variable whose shape matches the checkpoint's.
+
+    Variables are matched in creation order (as `CheckpointManager` saves them), so the
+    architecture must be the same; what differs in shape — the predictor embedding and the
+    joint output layer when the tokenizer changes — keeps its fresh initialisation and is
+    reported.
+    """
+    reader = tf.train.load_checkpoint(str(Path(path) / "ckpt"))
+    shapes = reader.get_variable_to_shape_map()
+    loaded, skipped = [], []
+    for index, var in enumerate(model.variables):
+        key = f"variables/{index}/.ATTRIBUTES/VARIABLE_VALUE"
+        if key not in shapes:
+            skipped.append((var.path, "not in the checkpoint"))
+        elif tuple(shapes[key]) != tuple(var.shape):
+            skipped.append((var.path, f"shape {tuple(shapes[key])} != {tuple(var.shape)}"))
+        else:
+            var.assign(reader.get_tensor(key))
+            loaded.append(var.path)
+    return LoadReport(loaded, skipped)

@@ -25,7 +25,12 @@ from asrkit.data.records import shard_lengths
 from asrkit.decoding.runner import decode_shards, normalizer_for
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import Tokenizer
-from asrkit.training.checkpoints import CheckpointManager, TrainState, restore
+from asrkit.training.checkpoints import (
+    CheckpointManager,
+    TrainState,
+    load_matching_weights,
+    restore,
+)
 from asrkit.training.schedules import WarmupInverseSqrt
 
 
@@ -70,6 +75,7 @@ def build_model(
 ) -> Transducer:
     t = config.train
     model = Transducer(vocab_size, config.model, name="transducer")
+    freeze_encoder(model, t.freeze_encoder)
     if optimizer is None:
         schedule = WarmupInverseSqrt(t.learning_rate, t.warmup_updates)
         optimizer = keras.optimizers.AdamW(schedule, weight_decay=t.weight_decay)
@@ -160,12 +166,29 @@ def _micro_batches(lengths: np.ndarray, plan) -> int:
 
 
 def _init_from(model, path: str, log) -> None:
-    """Fine-tuning: weights only, from a checkpoint dir or an experiment dir (its latest)."""
+    """Fine-tuning: weights from a checkpoint dir or an experiment dir (its latest); fresh
+    optimizer; variables whose shape changed (a new tokenizer) keep their initialisation."""
     path = Path(path)
     if (path / "checkpoints").is_dir():
         path = CheckpointManager(path / "checkpoints").latest() or path
-    restore(model, path, with_optimizer=False)
-    log(f"initialised weights from {path} (fresh optimizer)")
+    report = load_matching_weights(model, path)
+    log(f"initialised {len(report.loaded)} variables from {path} (fresh optimizer)")
+    for name, why in report.skipped:
+        log(f"  not loaded: {name}: {why}")
+
+
+def freeze_encoder(model: Transducer, blocks: int) -> None:
+    """blocks = -1: the whole encoder; n > 0: its subsampling and first n layers."""
+    if blocks == 0:
+        return
+    encoder = model.encoder
+    if blocks < 0:
+        encoder.trainable = False
+        return
+    encoder.subsampling.trainable = False
+    layers = getattr(encoder, "blocks", None) or getattr(encoder, "lstms", [])
+    for layer in layers[:blocks]:
+        layer.trainable = False
 
 
 class _Progress(keras.callbacks.Callback):
