@@ -201,3 +201,22 @@ def test_fine_tune_with_a_new_vocabulary_and_a_frozen_encoder(workdir, uninterru
     # LayerNorm's 2) and the evaluation metric's 2 totals (never touched by training);
     # everything else trained on (or was re-initialised), so it differs.
     assert same == 11 + 2, text
+
+
+@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_training_runs_and_stays_finite(workdir, precision):
+    import keras
+
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        overrides = [f"train.precision={precision}", "train.epochs=2", "data.dev_shards=null"]
+        result = train(
+            load_config(workdir / "conf.yaml", overrides), workdir / f"exp_{precision}",
+            log=lambda *_: None,
+        )  # fmt: skip
+    finally:
+        os.chdir(cwd)
+        keras.mixed_precision.set_dtype_policy("float32")
+    assert len(result.epoch_losses) == 2 and np.all(np.isfinite(result.epoch_losses))
+    assert result.state.updates > 0
