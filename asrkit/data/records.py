@@ -89,15 +89,18 @@ def write_shards(
     def write(index: int) -> tuple[int, int]:
         path = shards[index]
         tmp = path.with_suffix(".tmp")
-        lengths = []
+        lengths, tokens = [], []
         with tf.io.TFRecordWriter(str(tmp)) as writer:
             for utt, speed in items[index::num_shards]:
                 feats, duration = _features(utt, speed, config)
                 utt_id = utt.id if speed == 1.0 else f"sp{speed}-{utt.id}"
-                writer.write(serialize_example(utt_id, feats, tokenizer.encode(utt.text), duration))
+                ids = tokenizer.encode(utt.text)
+                writer.write(serialize_example(utt_id, feats, ids, duration))
                 lengths.append(len(feats))
-        # Frame counts beside each shard: bucket planning need not parse the features.
-        path.with_suffix(".lengths.json").write_text(json.dumps(lengths))
+                tokens.append(len(ids))
+        # Frame and token counts beside each shard: planning need not parse the features.
+        counts = {"frames": lengths, "tokens": tokens}
+        path.with_suffix(".lengths.json").write_text(json.dumps(counts))
         os.replace(tmp, path)
         return len(lengths), sum(lengths)
 
@@ -118,13 +121,21 @@ def write_shards(
 
 def shard_lengths(shard_dir: str | os.PathLike) -> tuple[list[str], np.ndarray]:
     """The shard files of a directory and every record's frame count."""
+    files, frames, _ = shard_counts(shard_dir)
+    return files, frames
+
+
+def shard_counts(shard_dir: str | os.PathLike) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The shard files of a directory, every record's frame count and token count."""
     files = sorted(str(p) for p in Path(shard_dir).glob("*.tfrecord"))
     if not files:
         raise FileNotFoundError(
             f"{shard_dir}: no *.tfrecord shards (run `asrkit features extract`)"
         )
-    lengths = [json.loads(Path(f).with_suffix(".lengths.json").read_text()) for f in files]
-    return files, np.array([n for shard in lengths for n in shard], np.int64)
+    counts = [json.loads(Path(f).with_suffix(".lengths.json").read_text()) for f in files]
+    frames = np.array([n for c in counts for n in c["frames"]], np.int64)
+    tokens = np.array([n for c in counts for n in c["tokens"]], np.int64)
+    return files, frames, tokens
 
 
 def _features(utt: Utterance, speed: float, config: FeatureConfig) -> tuple[np.ndarray, float]:

@@ -21,8 +21,9 @@ import tensorflow as tf
 from asrkit import __version__
 from asrkit.config import ExperimentConfig, dump_config
 from asrkit.data.pipeline import PipelineConfig, bucket_plan, make_dataset
-from asrkit.data.records import shard_lengths
+from asrkit.data.records import shard_counts
 from asrkit.decoding.runner import decode_shards, normalizer_for
+from asrkit.features import encoder_frames
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import Tokenizer
 from asrkit.training.checkpoints import (
@@ -102,7 +103,10 @@ def train(
 
     tokenizer = Tokenizer.load(config.data.tokenizer)
     normalize = normalizer_for(config)
-    files, lengths = shard_lengths(config.data.train_shards)
+    files, lengths, tokens = shard_counts(config.data.train_shards)
+    dropped = int(np.sum(encoder_frames(lengths) < np.maximum(tokens, 1)))
+    if dropped:
+        log(f"{dropped} utterance(s) have fewer encoder frames than tokens and are skipped")
     pipe = pipeline_config(config)
     plan = bucket_plan(lengths, pipe)
     steps = accumulation_steps(config)

@@ -176,7 +176,7 @@ def test_shards_hold_the_features_and_tokens_and_resume(tmp_path, speeds):
 
 
 def test_shard_lengths_match_the_records(tmp_path):
-    from asrkit.data.records import shard_lengths
+    from asrkit.data.records import shard_counts, shard_lengths
 
     corpus = tmp_path / "corpus"
     make_synthetic_corpus(corpus, "tiny", seed=6, show_progress=False)
@@ -185,7 +185,11 @@ def test_shard_lengths_match_the_records(tmp_path):
     tok = train_tokenizer([u.text for u in read_manifest(manifest)] * 3, tmp_path / "t", 30, "char")
     write_shards(manifest, tok, tmp_path / "s", num_shards=2, show_progress=False)
     files, lengths = shard_lengths(tmp_path / "s")
-    parsed = [int(parse_example(r, 80)["feature_lengths"]) for r in tf.data.TFRecordDataset(files)]
-    assert sorted(parsed) == sorted(lengths.tolist())
+    parsed = [parse_example(r, 80) for r in tf.data.TFRecordDataset(files)]
+    assert sorted(int(e["feature_lengths"]) for e in parsed) == sorted(lengths.tolist())
+    _, frames, tokens = shard_counts(tmp_path / "s")
+    assert sorted(zip(frames.tolist(), tokens.tolist(), strict=True)) == sorted(
+        (int(e["feature_lengths"]), int(e["label_lengths"])) for e in parsed
+    )
     with pytest.raises(FileNotFoundError, match="asrkit features extract"):
         shard_lengths(tmp_path)
