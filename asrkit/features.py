@@ -32,14 +32,19 @@ def num_frames(num_samples, config: FeatureConfig = DEFAULT_FEATURES):
     return tf.where(num_samples < config.frame_length, zero, frames)
 
 
-def encoder_frames(frames):
-    """Encoder frames after ×4 subsampling; ints, NumPy arrays or tensors."""
+def conv_frames(frames):
+    """Frames after one 3-wide, stride-2, valid convolution: (n - 3) // 2 + 1, floored at 0.
+
+    Works on ints, NumPy arrays and tensors."""
     if isinstance(frames, int | np.integer):
-        once = max((int(frames) - 3) // 2 + 1, 0)
-        return max((once - 3) // 2 + 1, 0)
+        return max((int(frames) - 3) // 2 + 1, 0)
     maximum = np.maximum if isinstance(frames, np.ndarray) else tf.maximum
-    once = maximum((frames - 3) // 2 + 1, 0)
-    return maximum((once - 3) // 2 + 1, 0)
+    return maximum((frames - 3) // 2 + 1, 0)
+
+
+def encoder_frames(frames):
+    """Encoder frames after ×4 subsampling (two such convolutions)."""
+    return conv_frames(conv_frames(frames))
 
 
 def log_mel(samples: tf.Tensor, config: FeatureConfig = DEFAULT_FEATURES) -> tf.Tensor:

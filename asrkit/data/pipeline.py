@@ -63,10 +63,14 @@ def bucket_plan(frame_lengths, config: PipelineConfig) -> tuple[list[int], list[
     return boundaries, sizes
 
 
+def enough_frames(frames, tokens):
+    """At least as many encoder frames as tokens, and at least one; NumPy or TF."""
+    encoded = encoder_frames(frames)
+    return (encoded >= tokens) & (encoded >= 1)
+
+
 def keep_example(example: dict) -> tf.Tensor:
-    """Keeps utterances with at least as many encoder frames as tokens (and at least one)."""
-    frames = encoder_frames(example["feature_lengths"])
-    return frames >= tf.maximum(example["label_lengths"], 1)
+    return enough_frames(example["feature_lengths"], example["label_lengths"])
 
 
 def count_filtered(files: list[str], config: PipelineConfig, num_mel_bins: int = 80) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from asrkit.features import encoder_frames
+from asrkit.features import conv_frames, encoder_frames
 
 
 class CompositeLayer(keras.layers.Layer):
@@ -35,7 +35,7 @@ class ConvSubsampling(CompositeLayer):
     def call(self, features, lengths):
         x = zero_padding(features, lengths)[..., None]  # [B, T, F, 1]
         x = self.conv1(x)
-        x = zero_padding(x, tf.maximum((lengths - 3) // 2 + 1, 0))
+        x = zero_padding(x, conv_frames(lengths))
         x = self.conv2(x)
         shape = tf.shape(x)
         x = tf.reshape(x, [shape[0], shape[1], x.shape[2] * x.shape[3]])

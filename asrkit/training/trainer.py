@@ -20,10 +20,9 @@ import tensorflow as tf
 
 from asrkit import __version__
 from asrkit.config import ExperimentConfig, dump_config
-from asrkit.data.pipeline import PipelineConfig, bucket_plan, make_dataset
+from asrkit.data.pipeline import PipelineConfig, bucket_plan, enough_frames, make_dataset
 from asrkit.data.records import shard_counts
 from asrkit.decoding.runner import decode_shards, normalizer_for
-from asrkit.features import encoder_frames
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import Tokenizer
 from asrkit.training.checkpoints import (
@@ -104,7 +103,7 @@ def train(
     tokenizer = Tokenizer.load(config.data.tokenizer)
     normalize = normalizer_for(config)
     files, lengths, tokens = shard_counts(config.data.train_shards)
-    dropped = int(np.sum(encoder_frames(lengths) < np.maximum(tokens, 1)))
+    dropped = int(np.sum(~enough_frames(lengths, tokens)))
     if dropped:
         log(f"{dropped} utterance(s) have fewer encoder frames than tokens and are skipped")
     pipe = pipeline_config(config)
@@ -202,7 +201,6 @@ class _Progress(keras.callbacks.Callback):
         super().__init__()
         self.manager, self.state, self.total = manager, state, max(total, 1)
         self.every, self.writer, self.log = config.train.checkpoint_every, writer, log
-        self.batch_seconds = config.data.batch_seconds
         self.started = self.last_print = time.monotonic()
         self.first = state.micro_batches
 
