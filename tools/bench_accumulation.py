@@ -23,15 +23,9 @@ import subprocess
 import sys
 import time
 
+from memory_probe import reset_peak, rss_kib
+
 FEATURES, HIDDEN, LAYERS = 80, 1024, 3
-
-
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(field)
 
 
 def _encoder_model():
@@ -79,14 +73,9 @@ def run_config(batch: int, steps: int, frames: int, micro_batches: int, measure:
     params = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
     model.fit(data.take(steps * 2), verbose=0)  # warm-up: tracing
     if measure == "memory":
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        base = _rss_kib("VmRSS")
+        base = reset_peak()
         model.fit(data, verbose=0)
-        return {"params": params, "extra_mib": (_rss_kib("VmHWM") - base) / 1024}
+        return {"params": params, "extra_mib": (rss_kib("VmHWM") - base) / 1024}
     times = []
     for _ in range(3):
         start = time.perf_counter()

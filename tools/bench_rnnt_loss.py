@@ -20,22 +20,9 @@ import subprocess
 import sys
 import time
 
+from memory_probe import reset_peak, rss_kib
+
 DEFAULT_SHAPES = ["8,150,40,256", "16,300,80,512", "16,400,100,1024"]
-
-
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _release_free_heap() -> None:
-    """Give freed heap pages back to the OS so the next peak is measured from live memory."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _autodiff_baseline(logits, labels, logit_lengths, label_lengths):
@@ -90,10 +77,7 @@ def run_one(shape: tuple[int, int, int, int], impl: str, xla: bool, reps: int) -
 
     total, grad = step(logits)  # warm-up: tracing and XLA compilation are not measured
     del grad
-    _release_free_heap()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current resident size
-    base_kib = _rss_kib("VmRSS")
+    base_kib = reset_peak()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
@@ -101,7 +85,7 @@ def run_one(shape: tuple[int, int, int, int], impl: str, xla: bool, reps: int) -
         float(grad[0, 0, 0, 0])  # wait for the result (grad.numpy() would copy 1x the logits)
         times.append(time.perf_counter() - start)
         del grad
-    extra = (_rss_kib("VmHWM") - base_kib) * 1024
+    extra = (rss_kib("VmHWM") - base_kib) * 1024
     logits_bytes = logits.shape.num_elements() * 4
     return {
         "shape": list(shape),
