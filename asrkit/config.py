@@ -85,6 +85,7 @@ class ModelConfig:
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 STRATEGIES = ("auto", "mirrored", "multiworker")
+SCHEDULES = ("inverse_sqrt", "cosine")
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,10 @@ class TrainConfig:
     effective_batch_seconds: float | None = None  # if set, derives accumulation_steps
     learning_rate: float = 1e-3  # peak, reached after the warm-up
     warmup_updates: int = 500  # counted in optimizer updates, not micro-batches
+    # after the warm-up: "inverse_sqrt" (Noam) or "cosine" (to final_lr_ratio x peak at the
+    # last update of the last epoch)
+    schedule: str = "inverse_sqrt"
+    final_lr_ratio: float = 0.0
     weight_decay: float = 1e-3
     clip_global_norm: float | None = 5.0
     precision: str = "float32"
@@ -121,6 +126,8 @@ class TrainConfig:
     def __post_init__(self):
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {PRECISIONS}: {self.precision!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"train.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"train.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
 

@@ -41,3 +41,12 @@ def error_rates(references: list[str], hypotheses: list[str]) -> ErrorRates:
         insertions=words.insertions,
         words=sum(len(r.split()) for r in refs),
     )
+
+
+def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+    """(substitutions + deletions + insertions, reference words) of one utterance."""
+    ref, hyp = normalize(reference), normalize(hypothesis)
+    if not ref:
+        return len(hyp.split()), 0
+    out = jiwer.process_words(ref, hyp)
+    return out.substitutions + out.deletions + out.insertions, len(ref.split())

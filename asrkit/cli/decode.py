@@ -1,45 +1,79 @@
-"""`asrkit decode`: decode a shard set with a trained experiment and score it."""
+"""`asrkit decode`: decode a test set with a trained experiment and score it."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 
 def register(subparsers) -> None:
-    decode = subparsers.add_parser("decode", help="decode shards with a trained model and score")
+    decode = subparsers.add_parser(
+        "decode", help="decode a test set with a trained model and score"
+    )
     decode.add_argument("--exp-dir", required=True)
-    decode.add_argument("--shards", required=True, help="directory of *.tfrecord shards")
-    decode.add_argument("--checkpoint", help="checkpoint directory (default: the latest)")
+    source = decode.add_mutually_exclusive_group(required=True)
+    source.add_argument("--shards", help="directory of *.tfrecord shards (asrkit features extract)")
+    source.add_argument("--manifest", help="JSONL manifest (audio is read and featurised here)")
+    decode.add_argument("--method", choices=("greedy", "beam"), default="greedy")
+    decode.add_argument("--beam", type=int, default=4, help="beam size (--method beam)")
+    weights = decode.add_mutually_exclusive_group()
+    weights.add_argument("--checkpoint", help="checkpoint directory (default: the latest)")
+    weights.add_argument("--average", type=int, default=1, metavar="N",
+                         help="average the last N checkpoints")  # fmt: skip
+    decode.add_argument("--worst", type=int, default=10, help="worst utterances to list")
     decode.add_argument("--out", help="directory for hypotheses and the report")
     decode.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrkit.decoding.runner import decode_shards, load_experiment, normalizer_for
+    from asrkit.decoding.runner import (
+        decode_manifest,
+        decode_shards,
+        load_experiment,
+        normalizer_for,
+    )
+    from asrkit.decoding.search import DecodeOptions
     from asrkit.training.trainer import pipeline_config
 
-    model, config, tokenizer = load_experiment(args.exp_dir, args.checkpoint)
-    start = time.monotonic()
-    report = decode_shards(
-        model, args.shards, tokenizer, pipeline_config(config), normalizer_for(config),
-        config.train.max_symbols_per_step,
-    )  # fmt: skip
-    elapsed = time.monotonic() - start
+    model, config, tokenizer = load_experiment(args.exp_dir, args.checkpoint, args.average)
+    options = DecodeOptions(args.method, args.beam, config.train.max_symbols_per_step)
+    if args.shards:
+        report = decode_shards(
+            model, args.shards, tokenizer, pipeline_config(config), normalizer_for(config),
+            options, config.features.num_mel_bins,
+        )  # fmt: skip
+    else:
+        report = decode_manifest(model, args.manifest, tokenizer, config, options)
     r = report.rates
-    summary = (
-        f"WER {r.wer * 100:.2f} % (S {r.substitutions}, D {r.deletions}, I {r.insertions} "
-        f"of {r.words} words), CER {r.cer * 100:.2f} %, RTF {elapsed / report.audio_seconds:.3f}"
+    weights = args.checkpoint or (
+        f"average of last {args.average}" if args.average > 1 else "latest"
     )
-    print(f"{args.shards}: {summary}")
+    method = f"beam {args.beam}" if args.method == "beam" else "greedy"
+    summary = (
+        f"{args.shards or args.manifest}: {method}, {weights} checkpoint: WER {r.wer * 100:.2f} % "
+        f"(S {r.substitutions}, D {r.deletions}, I {r.insertions} of {r.words} words), "
+        f"CER {r.cer * 100:.2f} %, {len(report.utterances)} utterances, RTF {report.rtf:.3f}"
+    )
+    print(summary)
+    worst = report.worst(args.worst)
+    lines = [summary, "", f"worst {len(worst)} utterances (word errors / words):"]
+    for u in worst:
+        lines += [
+            f"{u.id} ({u.errors}/{u.words})",
+            f"  REF: {u.reference}",
+            f"  HYP: {u.hypothesis}",
+        ]
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        pairs = zip(report.references, report.hypotheses, strict=True)
-        lines = [f"REF: {ref}\nHYP: {hyp}\n" for ref, hyp in pairs]
-        (out / "hypotheses.txt").write_text("\n".join(lines))
-        (out / "wer.json").write_text(json.dumps({"wer": r.wer, "cer": r.cer}) + "\n")
-        (out / "report.txt").write_text(summary + "\n")
+        (out / "hyp.txt").write_text("".join(f"{u.id} {u.hypothesis}\n" for u in report.utterances))
+        (out / "ref.txt").write_text("".join(f"{u.id} {u.reference}\n" for u in report.utterances))
+        scores = {"wer": r.wer, "cer": r.cer, "substitutions": r.substitutions,
+                  "deletions": r.deletions, "insertions": r.insertions, "words": r.words,
+                  "utterances": len(report.utterances), "rtf": report.rtf, "method": method,
+                  "weights": weights}  # fmt: skip
+        (out / "wer.json").write_text(json.dumps(scores, indent=1) + "\n")
+        (out / "report.txt").write_text("\n".join(lines) + "\n")
+        print(f"hypotheses and report -> {out}")
     return 0

@@ -132,10 +132,23 @@ def shard_counts(shard_dir: str | os.PathLike) -> tuple[list[str], np.ndarray, n
         raise FileNotFoundError(
             f"{shard_dir}: no *.tfrecord shards (run `asrkit features extract`)"
         )
-    counts = [json.loads(Path(f).with_suffix(".lengths.json").read_text()) for f in files]
+    counts = [_lengths_index(f) for f in files]
     frames = np.array([n for c in counts for n in c["frames"]], np.int64)
     tokens = np.array([n for c in counts for n in c["tokens"]], np.int64)
     return files, frames, tokens
+
+
+def _lengths_index(shard: str) -> dict:
+    path = Path(shard).with_suffix(".lengths.json")
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: missing (re-run `asrkit features extract` for {shard})")
+    index = json.loads(path.read_text())
+    if not isinstance(index, dict) or not {"frames", "tokens"} <= index.keys():
+        raise ValueError(
+            f"{path}: not a frames/tokens index (written by an older asrkit?); delete the "
+            "shards and re-run `asrkit features extract`"
+        )
+    return index
 
 
 def _features(utt: Utterance, speed: float, config: FeatureConfig) -> tuple[np.ndarray, float]:

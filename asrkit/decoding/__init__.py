@@ -1,5 +1,11 @@
-"""Decoding: batched greedy search (graph mode) and typed results."""
+"""Decoding: batched greedy and modified beam search (graph mode), typed results."""
 
-from asrkit.decoding.greedy import Hypothesis, greedy_decode, greedy_search
+from asrkit.decoding.search import (
+    DecodeOptions,
+    Hypothesis,
+    beam_decode,
+    decode_batch,
+    greedy_decode,
+)
 
-__all__ = ["Hypothesis", "greedy_decode", "greedy_search"]
+__all__ = ["DecodeOptions", "Hypothesis", "beam_decode", "decode_batch", "greedy_decode"]

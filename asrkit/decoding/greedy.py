@@ -9,21 +9,9 @@ the model's `encode`, `predictor.step` and `join`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import tensorflow as tf
 
 from asrkit.tokenizer import BLANK_ID
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    """One utterance's result; beam search returns the same type."""
-
-    tokens: list[int]
-    frames: list[int]  # encoder frame at which each token was emitted
-    score: float  # Σ log-probabilities of every decision taken (blanks included)
-    text: str = ""
 
 
 def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = 3):
@@ -80,32 +68,3 @@ def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = 3
         [0, pred_out, state, tokens, token_frames, counts, scores],
     )
     return result[3], result[4], result[5], result[6]
-
-
-def greedy_decode(
-    model, features, feature_lengths, tokenizer=None, max_symbols_per_step: int = 3
-) -> list[Hypothesis]:
-    """Encodes and greedily decodes a padded batch; returns one `Hypothesis` per utterance."""
-    tokens, frames, counts, scores = _compiled(model, max_symbols_per_step)(
-        tf.convert_to_tensor(features, tf.float32), tf.convert_to_tensor(feature_lengths, tf.int32)
-    )
-    out = []
-    for row in range(int(tf.shape(counts)[0])):
-        n = int(counts[row])
-        ids = tokens[row, :n].numpy().tolist()
-        text = tokenizer.decode(ids) if tokenizer is not None else ""
-        out.append(Hypothesis(ids, frames[row, :n].numpy().tolist(), float(scores[row]), text))
-    return out
-
-
-def _compiled(model, max_symbols_per_step: int):
-    cache = model.__dict__.setdefault("_asrkit_greedy", {})
-    if max_symbols_per_step not in cache:
-
-        @tf.function(reduce_retracing=True)
-        def run(features, feature_lengths):
-            encoded, lengths = model.encode(features, feature_lengths, training=False)
-            return greedy_search(model, encoded, lengths, max_symbols_per_step)
-
-        cache[max_symbols_per_step] = run
-    return cache[max_symbols_per_step]

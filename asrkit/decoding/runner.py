@@ -1,28 +1,66 @@
-"""Decoding whole shard sets with a trained experiment: load, decode, score."""
+"""Decoding whole test sets with a trained experiment: load, decode, score.
+
+Two sources of utterances: TFRecord shards from `asrkit features extract` (references are
+the shards' token ids turned back into text) or a JSONL manifest (audio is read and
+featurised here; references are the manifest's text). Both are decoded in batches sorted
+by length, nothing is filtered out: every utterance is decoded and scored.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import tensorflow as tf
 
-from asrkit.config import ExperimentConfig, load_config
-from asrkit.data.pipeline import PipelineConfig, bucket_plan, make_dataset
-from asrkit.data.records import shard_lengths
-from asrkit.decoding.greedy import greedy_decode
-from asrkit.features import GlobalNormalizer
-from asrkit.metrics import ErrorRates, error_rates
+from asrkit.audio import read_audio
+from asrkit.config import ExperimentConfig, FeatureConfig, load_config
+from asrkit.data.manifest import read_manifest
+from asrkit.data.pipeline import PipelineConfig, bucket_plan
+from asrkit.data.records import parse_example, shard_lengths
+from asrkit.decoding.search import DEFAULT_OPTIONS, DecodeOptions, decode_batch
+from asrkit.features import GlobalNormalizer, log_mel
+from asrkit.metrics import ErrorRates, error_rates, word_errors
 from asrkit.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
+class UtteranceResult:
+    id: str
+    reference: str
+    hypothesis: str
+    score: float
+    errors: int  # word substitutions + deletions + insertions
+    words: int  # reference words
+
+
+@dataclass(frozen=True)
 class DecodeReport:
-    references: list[str]
-    hypotheses: list[str]
+    utterances: list[UtteranceResult]
     rates: ErrorRates
+    audio_seconds: float
+    decode_seconds: float
+
+    @property
+    def rtf(self) -> float:
+        """Real-time factor: decoding wall time / audio duration (features included)."""
+        return self.decode_seconds / max(self.audio_seconds, 1e-9)
+
+    def worst(self, n: int = 10) -> list[UtteranceResult]:
+        ranked = sorted(self.utterances, key=lambda u: (-u.errors, -u.errors / max(u.words, 1)))
+        return [u for u in ranked[:n] if u.errors > 0]
+
+
+@dataclass(frozen=True)
+class _Batch:
+    ids: list[str]
+    features: np.ndarray | tf.Tensor  # [B, T, F]
+    feature_lengths: np.ndarray | tf.Tensor  # [B]
+    references: list[str]
     audio_seconds: float
 
 
@@ -38,40 +76,125 @@ def decode_shards(
     tokenizer: Tokenizer,
     pipe: PipelineConfig,
     normalize=None,
-    max_symbols_per_step: int = 3,
+    options: DecodeOptions = DEFAULT_OPTIONS,
+    num_mel_bins: int = 80,
 ) -> DecodeReport:
-    files, lengths = shard_lengths(shard_dir)
-    pipe = dataclasses.replace(pipe, spec_augment=None)
-    dataset = make_dataset(
-        files, pipe, *bucket_plan(lengths, pipe), training=False, normalize=normalize
+    batches = _shard_batches(shard_dir, tokenizer, pipe, normalize, num_mel_bins)
+    return _decode(model, batches, tokenizer, options)
+
+
+def decode_manifest(
+    model,
+    manifest: str | Path,
+    tokenizer: Tokenizer,
+    config: ExperimentConfig,
+    options: DecodeOptions = DEFAULT_OPTIONS,
+) -> DecodeReport:
+    batches = _manifest_batches(
+        manifest, config.features, normalizer_for(config), config.data.batch_seconds
     )
-    refs, hyps = [], []
-    for batch in dataset:
-        found = greedy_decode(
-            model, batch.features, batch.feature_lengths, tokenizer, max_symbols_per_step
+    return _decode(model, batches, tokenizer, options)
+
+
+def _decode(model, batches, tokenizer: Tokenizer, options: DecodeOptions) -> DecodeReport:
+    start = time.monotonic()
+    results, seconds = [], 0.0
+    for batch in batches:
+        found = decode_batch(model, batch.features, batch.feature_lengths, tokenizer, options)
+        for uid, ref, hyp in zip(batch.ids, batch.references, found, strict=True):
+            errors, words = word_errors(ref, hyp.text)
+            results.append(UtteranceResult(uid, ref, hyp.text, hyp.score, errors, words))
+        seconds += batch.audio_seconds
+    elapsed = time.monotonic() - start
+    if not results:
+        raise ValueError("nothing to decode: no utterances")
+    rates = error_rates([r.reference for r in results], [r.hypothesis for r in results])
+    return DecodeReport(results, rates, seconds, elapsed)
+
+
+def _shard_batches(
+    shard_dir, tokenizer, pipe: PipelineConfig, normalize, num_mel_bins: int
+) -> Iterator[_Batch]:
+    files, lengths = shard_lengths(shard_dir)
+    boundaries, sizes = bucket_plan(lengths, pipe)
+    dataset = tf.data.TFRecordDataset(files).map(lambda r: parse_example(r, num_mel_bins))
+    if normalize is not None:
+        dataset = dataset.map(lambda e: {**e, "features": normalize(e["features"])})
+    dataset = dataset.bucket_by_sequence_length(
+        lambda e: e["feature_lengths"], boundaries, [*sizes, 1], drop_remainder=False
+    )
+    for batch in dataset.prefetch(2):
+        labels, label_lengths = batch["labels"].numpy(), batch["label_lengths"].numpy()
+        yield _Batch(
+            ids=[i.decode() for i in batch["id"].numpy()],
+            features=batch["features"],
+            feature_lengths=batch["feature_lengths"],
+            references=[
+                tokenizer.decode(row[:n]) for row, n in zip(labels, label_lengths, strict=True)
+            ],
+            audio_seconds=float(np.sum(batch["duration"].numpy())),
         )
-        for row, hyp in enumerate(found):
-            n = int(batch.label_lengths[row])
-            refs.append(tokenizer.decode(batch.labels[row, :n].numpy().tolist()))
-            hyps.append(hyp.text)
-    seconds = float(lengths.sum()) * pipe.frame_step_seconds
-    return DecodeReport(refs, hyps, error_rates(refs, hyps), seconds)
 
 
-def load_experiment(exp_dir: str | Path, checkpoint: str | None = None):
-    """(model, config, tokenizer) of an experiment, weights from its latest checkpoint."""
-    from asrkit.training.checkpoints import CheckpointManager, restore
+def _manifest_batches(
+    manifest, features: FeatureConfig, normalize, batch_seconds: float
+) -> Iterator[_Batch]:
+    utterances = sorted(read_manifest(manifest), key=lambda u: u.duration)
+    group: list = []
+    for utt in [*utterances, None]:
+        if group and (utt is None or (len(group) + 1) * utt.duration > batch_seconds):
+            yield _featurise(group, features, normalize)
+            group = []
+        if utt is not None:
+            group.append(utt)
+
+
+def _featurise(utterances, config: FeatureConfig, normalize) -> _Batch:
+    feats, seconds = [], 0.0
+    for utt in utterances:
+        samples = read_audio(utt.audio_path, config.sample_rate)
+        seconds += len(samples) / config.sample_rate
+        mel = log_mel(samples, config)
+        feats.append(normalize(mel) if normalize is not None else mel)
+    lengths = np.array([int(f.shape[0]) for f in feats], np.int32)
+    padded = np.zeros((len(feats), max(lengths.max(), 1), config.num_mel_bins), np.float32)
+    for row, f in enumerate(feats):
+        padded[row, : lengths[row]] = np.asarray(f)
+    return _Batch(
+        [u.id for u in utterances], padded, lengths, [u.text for u in utterances], seconds
+    )
+
+
+def load_experiment(exp_dir: str | Path, checkpoint: str | None = None, average: int = 1):
+    """(model, config, tokenizer) of an experiment. Weights: `checkpoint` if given, else the
+    average of the last `average` checkpoints (1: the latest)."""
+    from asrkit.training.checkpoints import (
+        assign_weights,
+        average_checkpoints,
+        list_checkpoints,
+        restore,
+    )
     from asrkit.training.trainer import build_model
 
     exp_dir = Path(exp_dir)
     config = load_config(exp_dir / "config.yaml")
     tokenizer = Tokenizer.load(config.data.tokenizer)
-    path = Path(checkpoint) if checkpoint else CheckpointManager(exp_dir / "checkpoints").latest()
-    if path is None:
-        raise FileNotFoundError(f"{exp_dir}/checkpoints: no checkpoint to decode with")
     model = build_model(config, tokenizer.vocab_size, steps=1)
     model.build_engine(dummy_batch(config.features.num_mel_bins))
-    restore(model, path, with_optimizer=False)
+    if checkpoint:
+        restore(model, checkpoint, with_optimizer=False)
+        return model, config, tokenizer
+    found = list_checkpoints(exp_dir / "checkpoints")
+    if not found:
+        raise FileNotFoundError(f"{exp_dir}/checkpoints: no checkpoint to decode with")
+    if average > len(found):
+        raise ValueError(
+            f"{exp_dir}/checkpoints: {len(found)} checkpoint(s), cannot average {average}"
+        )
+    if average <= 1:
+        restore(model, found[-1], with_optimizer=False)
+    else:
+        assign_weights(model, average_checkpoints(found[-average:]))
     return model, config, tokenizer
 
 

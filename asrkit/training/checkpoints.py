@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -35,8 +37,7 @@ class CheckpointManager:
             shutil.rmtree(stale, ignore_errors=True)
 
     def checkpoints(self) -> list[Path]:
-        found = [p for p in self.directory.glob("ckpt-*") if (p / "state.json").exists()]
-        return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+        return list_checkpoints(self.directory)
 
     def latest(self) -> Path | None:
         found = self.checkpoints()
@@ -56,6 +57,34 @@ class CheckpointManager:
         return final
 
 
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """The complete checkpoints of a directory, oldest first (read-only: safe while a
+    training run writes there, unlike constructing a `CheckpointManager`)."""
+    found = [p for p in Path(directory).glob("ckpt-*") if (p / "state.json").exists()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def average_last(exp_dir: str | os.PathLike, last: int, out: str | os.PathLike | None = None):
+    """Averages an experiment's last `last` checkpoints into `out` (default
+    `<exp_dir>/averaged/last<N>-<final checkpoint>`); returns (path, sources)."""
+    exp_dir = Path(exp_dir)
+    found = list_checkpoints(exp_dir / "checkpoints")
+    if last < 1:
+        raise ValueError(f"--last must be >= 1, got {last}")
+    if len(found) < last:
+        raise ValueError(
+            f"{exp_dir}/checkpoints: {len(found)} checkpoint(s), cannot average the last {last} "
+            "(train.keep_checkpoints limits how many are kept)"
+        )
+    sources = found[-last:]
+    state = TrainState(**json.loads((sources[-1] / "state.json").read_text()))
+    out = Path(out) if out else exp_dir / "averaged" / f"last{last}-{sources[-1].name}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_weights(out, average_checkpoints(sources), state)
+    (out / "averaged.json").write_text(json.dumps([str(p) for p in sources], indent=1) + "\n")
+    return out, sources
+
+
 def restore(model, path: str | os.PathLike, with_optimizer: bool = True) -> TrainState:
     """Loads a checkpoint directory into a built model (and its optimizer)."""
     path = Path(path)
@@ -65,6 +94,72 @@ def restore(model, path: str | os.PathLike, with_optimizer: bool = True) -> Trai
     else:
         status.expect_partial()
     return TrainState(**json.loads((path / "state.json").read_text()))
+
+
+def average_checkpoints(paths: list[str | os.PathLike]) -> list[np.ndarray]:
+    """The model variables of several checkpoints, averaged.
+
+    Floating-point variables are summed in float64 and cast back to their stored dtype;
+    integer ones (dropout RNG states, counters) are taken from the last checkpoint.
+    """
+    if not paths:
+        raise ValueError("average_checkpoints: no checkpoints given")
+    readers = [tf.train.load_checkpoint(str(Path(p) / "ckpt")) for p in paths]
+    keys = _variable_keys(readers[-1])
+    for path, reader in zip(paths, readers, strict=True):
+        missing = set(keys) - set(_variable_keys(reader))
+        if missing or len(_variable_keys(reader)) != len(keys):
+            raise ValueError(f"{path}: its variables differ from {paths[-1]}'s (another model?)")
+    values = []
+    for key in keys:
+        last = readers[-1].get_tensor(key)
+        if not np.issubdtype(last.dtype, np.floating):
+            values.append(last)
+            continue
+        total = np.zeros(last.shape, np.float64)
+        for reader in readers:
+            value = reader.get_tensor(key)
+            if value.shape != last.shape:
+                raise ValueError(f"{key}: shape {value.shape} != {last.shape} across checkpoints")
+            total += value.astype(np.float64)
+        values.append((total / len(readers)).astype(last.dtype))
+    return values
+
+
+def assign_weights(model, values: list[np.ndarray]) -> None:
+    """Loads `average_checkpoints` output (creation-order values) into a built model."""
+    if len(values) != len(model.variables):
+        raise ValueError(f"{len(values)} values for a model with {len(model.variables)} variables")
+    for var, value in zip(model.variables, values, strict=True):
+        if tuple(var.shape) != value.shape:
+            raise ValueError(f"{var.path}: shape {tuple(var.shape)} != {value.shape}")
+        var.assign(value)
+
+
+def write_weights(
+    directory: str | os.PathLike, values: list[np.ndarray], state: TrainState
+) -> Path:
+    """A weights-only checkpoint (no optimizer) that `restore(..., with_optimizer=False)`,
+    `asrkit decode --checkpoint` and `--init-from` read; written atomically."""
+    final = Path(directory)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    variables = [tf.Variable(v, trainable=False) for v in values]
+    tf.train.Checkpoint(variables=variables).write(str(tmp / "ckpt"))
+    (tmp / "state.json").write_text(json.dumps(asdict(state)) + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return final
+
+
+def _variable_keys(reader) -> list[str]:
+    pattern = re.compile(r"^variables/(\d+)/\.ATTRIBUTES/VARIABLE_VALUE$")
+    found = {}
+    for key in reader.get_variable_to_shape_map():
+        match = pattern.match(key)
+        if match:
+            found[int(match.group(1))] = key
+    return [found[i] for i in sorted(found)]
 
 
 def _checkpoint(model, with_optimizer: bool) -> tf.train.Checkpoint:

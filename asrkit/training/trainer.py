@@ -23,6 +23,7 @@ from asrkit.config import ExperimentConfig, dump_config
 from asrkit.data.pipeline import PipelineConfig, bucket_plan, enough_frames, make_dataset
 from asrkit.data.records import shard_counts
 from asrkit.decoding.runner import decode_shards, normalizer_for
+from asrkit.decoding.search import DecodeOptions
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import Tokenizer
 from asrkit.training.checkpoints import (
@@ -31,7 +32,7 @@ from asrkit.training.checkpoints import (
     load_matching_weights,
     restore,
 )
-from asrkit.training.schedules import WarmupInverseSqrt
+from asrkit.training.schedules import WarmupCosine, WarmupInverseSqrt
 
 
 @dataclass(frozen=True)
@@ -70,14 +71,25 @@ def accumulation_steps(config: ExperimentConfig) -> int:
     return max(1, math.ceil(t.effective_batch_seconds / config.data.batch_seconds))
 
 
+def learning_rate_schedule(config: ExperimentConfig, total_updates: int):
+    t = config.train
+    if t.schedule == "cosine":
+        return WarmupCosine(t.learning_rate, t.warmup_updates, total_updates, t.final_lr_ratio)
+    return WarmupInverseSqrt(t.learning_rate, t.warmup_updates)
+
+
 def build_model(
-    config: ExperimentConfig, vocab_size: int, steps: int, optimizer=None
+    config: ExperimentConfig,
+    vocab_size: int,
+    steps: int,
+    optimizer=None,
+    total_updates: int = 1,
 ) -> Transducer:
     t = config.train
     model = Transducer(vocab_size, config.model, name="transducer")
     freeze_encoder(model, t.freeze_encoder)
     if optimizer is None:
-        schedule = WarmupInverseSqrt(t.learning_rate, t.warmup_updates)
+        schedule = learning_rate_schedule(config, total_updates)
         optimizer = keras.optimizers.AdamW(schedule, weight_decay=t.weight_decay)
     model.compile(
         optimizer,
@@ -120,11 +132,12 @@ def train(
     def dataset(epoch: int, skip: int = 0) -> tf.data.Dataset:
         return make_dataset(
             files, pipe, *plan, training=True, seed=config.train.seed, epoch=epoch,
-            skip_batches=skip, normalize=normalize,
+            skip_batches=skip, num_mel_bins=config.features.num_mel_bins, normalize=normalize,
         )  # fmt: skip
 
     with strategy.scope():
-        model = build_model(config, tokenizer.vocab_size, steps)
+        total_updates = config.train.epochs * math.ceil(micro_per_epoch / steps)
+        model = build_model(config, tokenizer.vocab_size, steps, total_updates=total_updates)
         model.build_engine(next(iter(dataset(0))))
     parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     log(f"model: {parameters:,} parameters, vocabulary {tokenizer.vocab_size}")
@@ -150,7 +163,8 @@ def train(
         if config.data.dev_shards:
             dev_wer = decode_shards(
                 model, config.data.dev_shards, tokenizer, pipe, normalize,
-                config.train.max_symbols_per_step,
+                DecodeOptions(max_symbols_per_step=config.train.max_symbols_per_step),
+                config.features.num_mel_bins,
             ).rates.wer  # fmt: skip
             best = dev_wer if state.best_wer is None else min(dev_wer, state.best_wer)
             state = dataclasses.replace(state, best_wer=best)

@@ -58,7 +58,7 @@ def verify_accumulation(
     pipe = dataclasses.replace(pipeline_config(config), spec_augment=None)
     dataset = make_dataset(
         files, pipe, *bucket_plan(lengths, pipe), training=True, seed=config.train.seed,
-        normalize=normalizer_for(config),
+        num_mel_bins=config.features.num_mel_bins, normalize=normalizer_for(config),
     )  # fmt: skip
     micro = [tuple(t.numpy() for t in batch) for batch in dataset.take(steps)]
     if len(micro) < steps:

@@ -4,9 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
 from asrkit.decoding import greedy_decode
-from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import BLANK_ID
 
 
@@ -27,26 +25,6 @@ def reference_greedy(model, features, max_symbols):
             frames.append(t)
             out, state = model.predictor.step(tf.constant([best]), state)
     return tokens, frames, score
-
-
-@pytest.fixture(scope="module")
-def model():
-    tf.keras.utils.set_random_seed(4)
-    config = ModelConfig(
-        encoder=EncoderConfig(kind="lstm", lstm_units=16, lstm_layers=1, subsampling_filters=8,
-                              dropout=0.0),
-        predictor=PredictorConfig(embed_dim=8, units=16, dropout=0.0),
-        joint_dim=16,
-    )  # fmt: skip
-    m = Transducer(9, config)
-    m.compute_loss_terms(
-        (np.zeros((1, 20, 80), np.float32), np.array([20]), np.ones((1, 2), np.int32),
-         np.array([2])), False,
-    )  # fmt: skip
-    # Push the output bias away from blank so that the untrained model emits symbols.
-    bias = m.joint.output_layer.bias
-    bias.assign(bias.numpy() + np.r_[-2.0, np.zeros(8)])
-    return m
 
 
 @pytest.mark.parametrize("max_symbols", [1, 3])

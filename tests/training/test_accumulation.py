@@ -4,6 +4,8 @@ Every test compares against `reference_run`: a plain Keras optimizer applied onc
 window to the gradient of Σ loss / Σ count over the window's union as one batch.
 """
 
+import math
+
 import keras
 import numpy as np
 import pytest
@@ -219,3 +221,20 @@ def test_rejects_optimizer_options_that_act_per_replica():
         model.compile(keras.optimizers.SGD(0.1, gradient_accumulation_steps=4))
     with pytest.raises(ValueError, match="accumulation_steps must be"):
         model.compile(keras.optimizers.SGD(0.1), accumulation_steps=0)
+
+
+def test_cosine_schedule_warms_up_then_decays_to_the_floor():
+    from asrkit.training.schedules import WarmupCosine
+
+    schedule = WarmupCosine(peak=2.0, warmup=10, total=110, final_ratio=0.1)
+
+    # The schedule sees optimizer.iterations (updates done); update number = iterations + 1.
+    def lr(update):
+        return float(schedule(update - 1))
+
+    assert lr(5) == pytest.approx(2.0 * 5 / 10)
+    assert lr(10) == pytest.approx(2.0)
+    halfway = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))
+    assert lr(60) == pytest.approx(2.0 * halfway, rel=1e-6)
+    assert lr(110) == pytest.approx(0.2, rel=1e-6)
+    assert lr(500) == pytest.approx(0.2, rel=1e-6)

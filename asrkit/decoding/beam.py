@@ -1,0 +1,158 @@
+"""Batched beam search for transducers, in graph mode: modified beam search, generalised
+to at most S symbols per encoder frame.
+
+With S = 1 this is k2/icefall's modified beam search: at frame t each of the K hypotheses
+of an utterance is extended by every symbol (blank keeps its tokens, any other symbol
+appends one), the K best candidates survive, and survivors with the same token sequence
+are merged — their probabilities add (log-sum-exp) into the best of them.
+
+With S > 1 a frame takes up to S rounds. In each round a hypothesis that has not finished
+the frame is extended by every symbol: blank finishes the frame, another symbol appends
+and stays for the next round — except in round S, which finishes the frame as greedy
+search does after its S-th symbol. Finished hypotheses compete unchanged. This is the
+search space of `greedy_search` with the same S, so beam 1 *is* greedy search, and a wide
+enough beam is exact (both tested). Rounds stop early once every hypothesis has finished.
+
+Utterances are rows of one batch; a row past its `encoder_lengths` keeps its hypotheses.
+Sequences are compared through a rolling hash plus their length. Uses only `encode`,
+`predictor.step` and `join`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from asrkit.tokenizer import BLANK_ID
+
+_DEAD = -1e9  # score of an empty beam slot; finite so that sums never make NaN
+_HASH_MODULUS = 2_147_483_647  # 2^31 - 1: hash · multiplier stays inside int64
+_HASH_MULTIPLIER = 1_000_003
+
+
+def beam_search(model, encoded, encoder_lengths, beam: int = 4, max_symbols_per_step: int = 1):
+    """encoded [B, T, D] -> (tokens [B, K, T·S], frames [B, K, T·S], counts [B, K], scores [B, K]).
+
+    Hypotheses are sorted best first; token slots past counts[b, k] hold -1; a score is
+    the log-probability of the hypothesis (summed over the alignments merged into it).
+    """
+    batch, num_frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
+    k, rounds = int(beam), int(max_symbols_per_step)
+    capacity = num_frames * rounds
+    predictor = model.predictor
+    pred_out, state = predictor.step(
+        tf.fill([batch * k], BLANK_ID), predictor.initial_state(batch * k)
+    )
+    beams = _Beams(
+        pred_out=pred_out,
+        state=state,
+        tokens=tf.fill([batch, k, capacity], -1),
+        frames=tf.fill([batch, k, capacity], -1),
+        counts=tf.zeros([batch, k], tf.int32),
+        scores=tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], _DEAD)], axis=1),
+        hashes=tf.zeros([batch, k], tf.int64),
+    )
+    slot = tf.range(k)
+
+    def frame_body(t, entering):
+        not_done = tf.zeros([batch, k], tf.bool)
+        scores = _merge(entering.scores, entering.hashes, entering.counts, not_done, slot)
+        beams = entering._replace(scores=scores)
+        done = tf.tile(~(t < encoder_lengths)[:, None], [1, k])  # past the end: stay
+        frame = tf.repeat(encoded[:, t, :], k, axis=0)  # [B·K, D]
+
+        def round_body(s, done, beams):
+            return (s + 1, *_expand(model, frame, t, s == rounds - 1, done, beams, slot))
+
+        _, _, beams = tf.while_loop(
+            lambda s, done, _: tf.logical_and(s < rounds, ~tf.reduce_all(done)),
+            round_body,
+            [0, done, beams],
+        )
+        return t + 1, _same_shapes(beams, entering)
+
+    _, beams = tf.while_loop(lambda t, _: t < num_frames, frame_body, [0, beams])
+    order = tf.argsort(beams.scores, axis=1, direction="DESCENDING", stable=True)
+    return tuple(
+        tf.gather(x, order, batch_dims=1)
+        for x in (beams.tokens, beams.frames, beams.counts, beams.scores)
+    )
+
+
+class _Beams(NamedTuple):
+    """K hypotheses per utterance; predictor tensors are flattened to B·K rows."""
+
+    pred_out: tf.Tensor  # [B·K, Dp]
+    state: list  # predictor state, [B·K, ...] tensors
+    tokens: tf.Tensor  # [B, K, T·S]
+    frames: tf.Tensor  # [B, K, T·S]
+    counts: tf.Tensor  # [B, K]
+    scores: tf.Tensor  # [B, K]
+    hashes: tf.Tensor  # [B, K]
+
+
+def _expand(model, frame, t, last_round, done, beams: _Beams, slot):
+    """One round at frame t: every unfinished hypothesis x every symbol, finished ones as
+    they are; keep the K best, merge equal sequences, advance the predictor."""
+    batch, k = tf.shape(beams.scores)[0], tf.size(slot)
+    log_probs = tf.nn.log_softmax(tf.cast(model.join(frame, beams.pred_out), tf.float32))
+    vocab = tf.shape(log_probs)[-1]
+    extend = beams.scores[:, :, None] + tf.reshape(log_probs, [batch, k, vocab])
+    extend = tf.where(done[:, :, None], _DEAD, extend)
+    stay = tf.where(done, beams.scores, _DEAD)[:, :, None]
+    candidates = tf.reshape(tf.concat([stay, extend], axis=2), [batch, k * (vocab + 1)])
+    top_scores, top = tf.math.top_k(candidates, k=k)  # ties: the lower index first
+    parent, column = top // (vocab + 1), top % (vocab + 1)
+    symbol = column - 1  # column 0: stay, 1 + v: symbol v
+    emit = tf.logical_and(column > 0, symbol != BLANK_ID)
+    new_done = tf.ensure_shape(tf.logical_or(column <= 1, last_round), done.shape)
+
+    counts_p = tf.gather(beams.counts, parent, batch_dims=1)
+    capacity = tf.shape(beams.tokens)[2]
+    write = tf.logical_and(tf.one_hot(counts_p, capacity, True, False), emit[..., None])
+    tokens = tf.where(write, symbol[..., None], tf.gather(beams.tokens, parent, batch_dims=1))
+    frames = tf.where(write, t, tf.gather(beams.frames, parent, batch_dims=1))
+    counts = counts_p + tf.cast(emit, tf.int32)
+    hashes_p = tf.gather(beams.hashes, parent, batch_dims=1)
+    extended = (hashes_p * _HASH_MULTIPLIER + tf.cast(symbol, tf.int64) + 1) % _HASH_MODULUS
+    hashes = tf.where(emit, extended, hashes_p)
+    scores = _merge(top_scores, hashes, counts, new_done, slot)
+
+    rows = tf.reshape(parent + (tf.range(batch) * k)[:, None], [-1])
+    flat_emit = tf.reshape(emit, [-1, 1])
+    kept_out = tf.gather(beams.pred_out, rows)
+    kept_state = tf.nest.map_structure(lambda x: tf.gather(x, rows), beams.state)
+    stepped_out, stepped_state = model.predictor.step(
+        tf.where(tf.reshape(emit, [-1]), tf.reshape(symbol, [-1]), BLANK_ID), kept_state
+    )
+    pick = lambda new, old: tf.where(flat_emit, new, old)  # noqa: E731
+    new = _Beams(
+        pred_out=pick(stepped_out, kept_out),
+        state=tf.nest.map_structure(pick, stepped_state, kept_state),
+        tokens=tokens,
+        frames=frames,
+        counts=counts,
+        scores=scores,
+        hashes=hashes,
+    )
+    return new_done, _same_shapes(new, beams)
+
+
+def _same_shapes(new: _Beams, old: _Beams) -> _Beams:
+    """The static shapes the loop variables entered with (dynamic ops lose what tracing
+    knew, and tf.while_loop rejects a loop variable whose shape loosens)."""
+    return tf.nest.map_structure(lambda n, o: tf.ensure_shape(n, o.shape), new, old)
+
+
+def _merge(scores, hashes, counts, done, slot):
+    """[B, K] scores -> the same with each group of equal (sequence, finished) hypotheses
+    log-summed into its first (best) member and the others set to `_DEAD`."""
+    same = (
+        (hashes[:, :, None] == hashes[:, None, :])
+        & (counts[:, :, None] == counts[:, None, :])
+        & (done[:, :, None] == done[:, None, :])
+    )  # [B, K, K]
+    first = tf.reduce_min(tf.where(same, slot[None, None, :], tf.size(slot)), axis=-1)
+    merged = tf.reduce_logsumexp(tf.where(same, scores[:, None, :], _DEAD), axis=-1)
+    return tf.where(first == slot, merged, _DEAD)

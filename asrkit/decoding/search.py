@@ -1,0 +1,92 @@
+"""One front for every search: options, typed results, compiled per (model, options).
+
+`decode_batch` encodes a padded feature batch and runs greedy or modified beam search in
+one compiled graph; greedy and beam return the same `Hypothesis`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from asrkit.decoding.beam import beam_search
+from asrkit.decoding.greedy import greedy_search
+
+METHODS = ("greedy", "beam")
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One utterance's result."""
+
+    tokens: list[int]
+    frames: list[int]  # encoder frame at which each token was emitted
+    score: float  # log-probability: Σ log-probs of every decision (blanks included)
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    method: str = "greedy"
+    beam: int = 4  # hypotheses kept per utterance (beam search)
+    max_symbols_per_step: int = 3  # per encoder frame; beam with 1 = modified beam search
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"decoding method must be one of {METHODS}, got {self.method!r}")
+        if self.beam < 1 or self.max_symbols_per_step < 1:
+            raise ValueError(f"beam and max_symbols_per_step must be >= 1: {self}")
+
+
+DEFAULT_OPTIONS = DecodeOptions()
+
+
+def decode_batch(
+    model, features, feature_lengths, tokenizer=None, options: DecodeOptions | None = None
+) -> list[Hypothesis]:
+    """features [B, T, F], feature_lengths [B] -> the best `Hypothesis` of each utterance."""
+    options = options or DEFAULT_OPTIONS
+    tokens, frames, counts, scores = _compiled(model, options)(
+        tf.convert_to_tensor(features, tf.float32), tf.convert_to_tensor(feature_lengths, tf.int32)
+    )
+    tokens, frames, counts, scores = tokens.numpy(), frames.numpy(), counts.numpy(), scores.numpy()
+    out = []
+    for row in range(counts.shape[0]):
+        n = int(counts[row])
+        ids = tokens[row, :n].tolist()
+        text = tokenizer.decode(ids) if tokenizer is not None else ""
+        out.append(Hypothesis(ids, frames[row, :n].tolist(), float(scores[row]), text))
+    return out
+
+
+def greedy_decode(
+    model, features, feature_lengths, tokenizer=None, max_symbols_per_step: int = 3
+) -> list[Hypothesis]:
+    options = DecodeOptions("greedy", max_symbols_per_step=max_symbols_per_step)
+    return decode_batch(model, features, feature_lengths, tokenizer, options)
+
+
+def beam_decode(
+    model, features, feature_lengths, tokenizer=None, beam: int = 4, max_symbols_per_step: int = 1
+) -> list[Hypothesis]:
+    options = DecodeOptions("beam", beam, max_symbols_per_step)
+    return decode_batch(model, features, feature_lengths, tokenizer, options)
+
+
+def _compiled(model, options: DecodeOptions):
+    cache = model.__dict__.setdefault("_asrkit_search", {})
+    if options not in cache:
+
+        @tf.function(reduce_retracing=True)
+        def run(features, feature_lengths):
+            encoded, lengths = model.encode(features, feature_lengths, training=False)
+            if options.method == "beam":
+                tokens, frames, counts, scores = beam_search(
+                    model, encoded, lengths, options.beam, options.max_symbols_per_step
+                )
+                return tokens[:, 0], frames[:, 0], counts[:, 0], scores[:, 0]
+            return greedy_search(model, encoded, lengths, options.max_symbols_per_step)
+
+        cache[options] = run
+    return cache[options]

@@ -1,0 +1,40 @@
+"""A fixed tiny transducer shared by the decoding tests."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
+from asrkit.models.transducer import Transducer
+
+
+@pytest.fixture(scope="package")
+def model():
+    return tiny_transducer(vocab_size=9, seed=4)
+
+
+def tiny_transducer(vocab_size, seed, blank_bias=-2.0):
+    tf.keras.utils.set_random_seed(seed)
+    config = ModelConfig(
+        encoder=EncoderConfig(kind="lstm", lstm_units=16, lstm_layers=1, subsampling_filters=8,
+                              dropout=0.0),
+        predictor=PredictorConfig(embed_dim=8, units=16, dropout=0.0),
+        joint_dim=16,
+    )  # fmt: skip
+    m = Transducer(vocab_size, config)
+    m.compute_loss_terms(
+        (np.zeros((1, 20, 80), np.float32), np.array([20]), np.ones((1, 2), np.int32),
+         np.array([2])), False,
+    )  # fmt: skip
+    # Move the output bias away from blank so that the untrained model emits symbols.
+    bias = m.joint.output_layer.bias
+    bias.assign(bias.numpy() + np.r_[blank_bias, np.zeros(vocab_size - 1)])
+    return m
+
+
+def random_features(lengths, seed=0, bins=80):
+    rng = np.random.default_rng(seed)
+    feats = np.zeros((len(lengths), max(lengths), bins), np.float32)
+    for b, n in enumerate(lengths):
+        feats[b, :n] = rng.standard_normal((n, bins))
+    return feats
