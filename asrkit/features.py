@@ -47,6 +47,11 @@ def encoder_frames(frames):
     return conv_frames(conv_frames(frames))
 
 
+# The fewest feature frames that make one encoder frame (encoder_frames(7) == 1): shorter
+# inputs are zero-padded to it for decoding, their encoder length stays 0.
+MIN_FEATURE_FRAMES = 7
+
+
 def log_mel(samples: tf.Tensor, config: FeatureConfig = DEFAULT_FEATURES) -> tf.Tensor:
     """[..., N] float waveform in [-1, 1] -> [..., num_frames(N), num_mel_bins] float32."""
     samples = tf.cast(samples, tf.float32)

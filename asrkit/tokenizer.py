@@ -61,10 +61,26 @@ class Tokenizer:
         return self._sp.encode(text.lower())
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self._sp.decode([int(i) for i in ids if int(i) != BLANK_ID]).upper()
+        """Upper-case text, words separated by single spaces."""
+        text = self._sp.decode([int(i) for i in ids if int(i) != BLANK_ID])
+        return " ".join(text.upper().split())
 
     def piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(int(token_id))
+
+    def surface_pieces(self) -> list[str]:
+        """Each id's text with word boundaries as spaces ("" for blank and control ids):
+        joining them, collapsing spaces and upper-casing reproduces `decode` — the table
+        an exported graph detokenises with."""
+        out = []
+        for i in range(self.vocab_size):
+            if i == BLANK_ID or self._sp.is_control(i):
+                out.append("")
+            elif self._sp.is_unknown(i):
+                out.append(" \u2047 ")
+            else:
+                out.append(self._sp.id_to_piece(i).replace("\u2581", " "))
+        return out
 
 
 def train_tokenizer(

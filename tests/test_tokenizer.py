@@ -47,3 +47,18 @@ def test_cli_trains_from_manifests(tmp_path, capsys):
 def test_missing_settings_file_is_explained(tmp_path):
     with pytest.raises(FileNotFoundError, match="asrkit tokenizer train"):
         Tokenizer.load(tmp_path)
+
+
+@pytest.mark.parametrize("model_type,size", [("unigram", 40), ("char", 30)])
+def test_surface_pieces_joined_reproduce_decode(tmp_path, model_type, size):
+    """The table an exported graph detokenises with: join, collapse spaces, upper-case."""
+    import numpy as np
+
+    tok = train_tokenizer(TEXTS, tmp_path, size, model_type)
+    pieces = tok.surface_pieces()
+    assert len(pieces) == tok.vocab_size and pieces[BLANK_ID] == ""
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        ids = rng.integers(0, tok.vocab_size, size=rng.integers(0, 12)).tolist()
+        joined = " ".join("".join(pieces[i] for i in ids).upper().split())
+        assert joined == tok.decode(ids)

@@ -7,11 +7,23 @@ import os
 import sys
 
 from asrkit import __version__
-from asrkit.cli import corpus, decode, features, prepare, tokenizer, train, verify
+from asrkit.cli import (
+    average,
+    corpus,
+    decode,
+    export,
+    features,
+    prepare,
+    tokenizer,
+    train,
+    transcribe,
+    verify,
+)
 
 # Each subcommand module exposes `register(subparsers)`; its parser sets `func`.
-# The data, training and decoding commands register here as they land.
-SUBCOMMANDS = (corpus, decode, features, prepare, tokenizer, train, verify)
+SUBCOMMANDS = (
+    corpus, prepare, tokenizer, features, train, verify, average, decode, export, transcribe,
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

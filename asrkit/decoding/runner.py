@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from asrkit.audio import read_audio
+from asrkit.audio import audio_info, read_audio
 from asrkit.config import ExperimentConfig, FeatureConfig, load_config
 from asrkit.data.manifest import read_manifest
 from asrkit.data.pipeline import PipelineConfig, bucket_plan
 from asrkit.data.records import parse_example, shard_lengths
-from asrkit.decoding.search import DEFAULT_OPTIONS, DecodeOptions, decode_batch
-from asrkit.features import GlobalNormalizer, log_mel
+from asrkit.decoding.search import DEFAULT_OPTIONS, DecodeOptions, Hypothesis, decode_batch
+from asrkit.features import MIN_FEATURE_FRAMES, GlobalNormalizer, log_mel
 from asrkit.metrics import ErrorRates, error_rates, word_errors
 from asrkit.tokenizer import Tokenizer
 
@@ -143,26 +143,55 @@ def _manifest_batches(
     group: list = []
     for utt in [*utterances, None]:
         if group and (utt is None or (len(group) + 1) * utt.duration > batch_seconds):
-            yield _featurise(group, features, normalize)
+            items = [(u.id, u.audio_path, u.text) for u in group]
+            yield _featurise(items, features, normalize)
             group = []
         if utt is not None:
             group.append(utt)
 
 
 def _featurise(utterances, config: FeatureConfig, normalize) -> _Batch:
+    """A padded batch from audio files: `utterances` are (id, audio path, reference)."""
     feats, seconds = [], 0.0
-    for utt in utterances:
-        samples = read_audio(utt.audio_path, config.sample_rate)
+    for _, path, _ in utterances:
+        samples = read_audio(path, config.sample_rate)
         seconds += len(samples) / config.sample_rate
         mel = log_mel(samples, config)
         feats.append(normalize(mel) if normalize is not None else mel)
     lengths = np.array([int(f.shape[0]) for f in feats], np.int32)
-    padded = np.zeros((len(feats), max(lengths.max(), 1), config.num_mel_bins), np.float32)
+    padded = np.zeros(
+        (len(feats), max(lengths.max(), MIN_FEATURE_FRAMES), config.num_mel_bins), np.float32
+    )
     for row, f in enumerate(feats):
         padded[row, : lengths[row]] = np.asarray(f)
-    return _Batch(
-        [u.id for u in utterances], padded, lengths, [u.text for u in utterances], seconds
-    )
+    ids, _, refs = zip(*utterances, strict=True)
+    return _Batch(list(ids), padded, lengths, list(refs), seconds)
+
+
+def transcribe_files(
+    model,
+    paths: list[str | Path],
+    tokenizer: Tokenizer,
+    config: ExperimentConfig,
+    options: DecodeOptions = DEFAULT_OPTIONS,
+    batch_seconds: float | None = None,
+) -> list[tuple[str, Hypothesis]]:
+    """(path, best hypothesis) for each audio file, in the order given."""
+    durations = {str(p): audio_info(p).duration for p in paths}
+    order = sorted(durations, key=durations.get)
+    normalize = normalizer_for(config)
+    budget = batch_seconds or config.data.batch_seconds
+    found: dict[str, Hypothesis] = {}
+    group: list[str] = []
+    for path in [*order, None]:
+        if group and (path is None or (len(group) + 1) * durations[path] > budget):
+            batch = _featurise([(p, p, "") for p in group], config.features, normalize)
+            hyps = decode_batch(model, batch.features, batch.feature_lengths, tokenizer, options)
+            found.update(zip(group, hyps, strict=True))
+            group = []
+        if path is not None:
+            group.append(path)
+    return [(str(p), found[str(p)]) for p in paths]
 
 
 def load_experiment(exp_dir: str | Path, checkpoint: str | None = None, average: int = 1):

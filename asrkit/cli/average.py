@@ -1,0 +1,24 @@
+"""`asrkit average`: average an experiment's last N checkpoints into one."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    average = subparsers.add_parser("average", help="average the last N checkpoints into one")
+    average.add_argument("--exp-dir", required=True)
+    average.add_argument("--last", type=int, required=True, metavar="N")
+    average.add_argument("--out", help="default: <exp-dir>/averaged/last<N>-<checkpoint>")
+    average.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from asrkit.training.checkpoints import average_last
+
+    try:
+        out, sources = average_last(args.exp_dir, args.last, args.out)
+    except ValueError as err:
+        raise SystemExit(f"asrkit average: {err}") from None
+    print(f"averaged {', '.join(p.name for p in sources)} (float64) -> {out}")
+    return 0

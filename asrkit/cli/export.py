@@ -1,0 +1,24 @@
+"""`asrkit export`: a SavedModel that turns a waveform into text without asrkit."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    export = subparsers.add_parser("export", help="export a waveform -> text SavedModel")
+    export.add_argument("--exp-dir", required=True)
+    export.add_argument("--out", required=True, help="SavedModel directory")
+    weights = export.add_mutually_exclusive_group()
+    weights.add_argument("--checkpoint", help="checkpoint directory (default: the latest)")
+    weights.add_argument("--average", type=int, default=1, metavar="N",
+                         help="average the last N checkpoints")  # fmt: skip
+    export.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from asrkit.export import export_model
+
+    out = export_model(args.exp_dir, args.out, args.checkpoint, args.average)
+    print(f"SavedModel -> {out} (signature serving_default: waveform -> text, tokens, score)")
+    return 0

@@ -1,0 +1,57 @@
+"""`asrkit transcribe FILE...`: text from audio files, with an experiment or a SavedModel."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    transcribe = subparsers.add_parser("transcribe", help="transcribe audio files")
+    transcribe.add_argument("files", nargs="+", metavar="FILE")
+    source = transcribe.add_mutually_exclusive_group(required=True)
+    source.add_argument("--exp-dir", help="a trained experiment")
+    source.add_argument("--model", help="a SavedModel from `asrkit export`")
+    transcribe.add_argument("--method", choices=("greedy", "beam"), default="greedy",
+                            help="with --exp-dir (an exported model decodes greedily)")  # fmt: skip
+    transcribe.add_argument("--beam", type=int, default=4)
+    transcribe.add_argument("--average", type=int, default=1, metavar="N")
+    transcribe.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from asrkit.audio import AudioError
+
+    try:
+        lines = _with_model(args) if args.model else _with_experiment(args)
+    except AudioError as err:
+        raise SystemExit(f"asrkit transcribe: {err}") from None
+    for path, text in lines:
+        print(f"{path}\t{text}")
+    return 0
+
+
+def _with_experiment(args):
+    from asrkit.decoding.runner import load_experiment, transcribe_files
+    from asrkit.decoding.search import DecodeOptions
+
+    model, config, tokenizer = load_experiment(args.exp_dir, average=args.average)
+    options = DecodeOptions(args.method, args.beam, config.train.max_symbols_per_step)
+    found = transcribe_files(model, args.files, tokenizer, config, options)
+    return [(path, hyp.text) for path, hyp in found]
+
+
+def _with_model(args):
+    import json
+    from pathlib import Path
+
+    import tensorflow as tf
+
+    from asrkit.audio import read_audio
+
+    rate = json.loads((Path(args.model) / "asrkit_export.json").read_text())["sample_rate"]
+    serve = tf.saved_model.load(args.model).signatures["serving_default"]
+    out = []
+    for path in args.files:
+        result = serve(waveform=tf.constant(read_audio(path, rate)))
+        out.append((path, result["text"].numpy().decode()))
+    return out

@@ -1,0 +1,124 @@
+"""The exported SavedModel, loaded in a fresh process that cannot import asrkit, transcribes
+real speech exactly as `asrkit decode` and `asrkit transcribe` do."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asrkit.config import (
+    DataConfig,
+    EncoderConfig,
+    ExperimentConfig,
+    ModelConfig,
+    PredictorConfig,
+    dump_config,
+)
+from asrkit.data.librispeech import prepare_librispeech
+from asrkit.data.manifest import read_manifest
+from asrkit.decoding.runner import decode_manifest, dummy_batch, load_experiment, transcribe_files
+from asrkit.export import export_model
+from asrkit.features import GlobalNormalizer, log_mel
+from asrkit.audio import read_audio
+from asrkit.tokenizer import train_tokenizer
+from asrkit.training.checkpoints import CheckpointManager, TrainState
+from asrkit.training.trainer import build_model
+
+REAL = Path(__file__).parent / "data" / "realspeech"
+
+SERVE_WITHOUT_ASRKIT = r"""
+import importlib.abc, json, sys
+
+class NoAsrkit(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "asrkit":
+            raise ImportError("asrkit must not be needed to serve an export")
+
+sys.meta_path.insert(0, NoAsrkit())
+import soundfile, tensorflow as tf
+
+serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+out = {}
+for path in sys.argv[2:]:
+    samples, rate = soundfile.read(path, dtype="float32")
+    assert rate == 16000, rate
+    result = serve(waveform=tf.constant(samples))
+    out[path] = {"text": result["text"].numpy().decode(), "tokens": result["tokens"].numpy().tolist()}
+assert not any(m.split(".")[0] == "asrkit" for m in sys.modules)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory):
+    """An untrained tiny transducer with a real tokenizer and CMVN; its output bias is moved
+    away from blank so that it emits plenty of tokens on real speech."""
+    work = tmp_path_factory.mktemp("export")
+    prepare_librispeech(REAL, ["test-real"], work / "data", show_progress=False)
+    utts = read_manifest(work / "data" / "test-real.jsonl")
+    tokenizer = train_tokenizer([u.text for u in utts], work / "tokenizer", 40, "char")
+    normalizer = GlobalNormalizer.fit(log_mel(read_audio(u.audio_path)).numpy() for u in utts)
+    (work / "cmvn.json").write_text(json.dumps(normalizer.to_dict()))
+    config = ExperimentConfig(
+        model=ModelConfig(
+            encoder=EncoderConfig(kind="lstm", lstm_units=16, lstm_layers=1,
+                                  subsampling_filters=8, dropout=0.0),
+            predictor=PredictorConfig(embed_dim=8, units=16, dropout=0.0),
+            joint_dim=16,
+        ),
+        data=DataConfig(tokenizer=str(work / "tokenizer"), cmvn=str(work / "cmvn.json"),
+                        batch_seconds=20.0),
+    )  # fmt: skip
+    exp = work / "exp"
+    exp.mkdir()
+    (exp / "config.yaml").write_text(dump_config(config))
+    import keras
+
+    keras.utils.set_random_seed(3)
+    model = build_model(config, tokenizer.vocab_size, steps=1)
+    model.build_engine(dummy_batch(80))
+    bias = model.joint.output_layer.bias
+    bias.assign(bias.numpy() + np.r_[-3.0, np.zeros(tokenizer.vocab_size - 1)])
+    CheckpointManager(exp / "checkpoints").save(model, TrainState(1, 0, 1))
+    return work, exp, utts
+
+
+def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp_path):
+    work, exp, utts = experiment
+    out = export_model(exp, tmp_path / "saved")
+    assert json.loads((out / "asrkit_export.json").read_text())["sample_rate"] == 16000
+    paths = [u.audio_path for u in utts]
+    served = subprocess.run(
+        [sys.executable, "-c", SERVE_WITHOUT_ASRKIT, str(out), *paths],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert served.returncode == 0, served.stderr[-3000:]
+    exported = json.loads(served.stdout.strip().splitlines()[-1])
+
+    model, config, tokenizer = load_experiment(exp)
+    report = decode_manifest(model, work / "data" / "test-real.jsonl", tokenizer, config)
+    decoded = {u.id: u.hypothesis for u in report.utterances}
+    transcribed = dict(transcribe_files(model, paths, tokenizer, config))
+    assert sum(len(v["tokens"]) for v in exported.values()) > 50
+    for utt in utts:
+        assert exported[utt.audio_path]["text"] == decoded[utt.id]
+        assert exported[utt.audio_path]["tokens"] == transcribed[utt.audio_path].tokens
+        assert exported[utt.audio_path]["text"] == transcribed[utt.audio_path].text
+
+
+def test_transcribe_cli_with_an_export_and_an_experiment(experiment, tmp_path):
+    work, exp, utts = experiment
+    out = export_model(exp, tmp_path / "saved")
+    asrkit = Path(sys.executable).parent / "asrkit"
+    paths = [utts[1].audio_path, utts[0].audio_path]
+    lines = {}
+    for source in (["--model", str(out)], ["--exp-dir", str(exp)]):
+        run = subprocess.run([asrkit, "transcribe", *paths, *source], capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        lines[source[0]] = run.stdout.strip().splitlines()
+    assert [line.split("\t")[0] for line in lines["--model"]] == paths
+    assert lines["--model"] == lines["--exp-dir"]
