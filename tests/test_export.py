@@ -6,9 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 
+from asrkit.audio import read_audio
 from asrkit.config import (
     DataConfig,
     EncoderConfig,
@@ -22,7 +24,6 @@ from asrkit.data.manifest import read_manifest
 from asrkit.decoding.runner import decode_manifest, dummy_batch, load_experiment, transcribe_files
 from asrkit.export import export_model
 from asrkit.features import GlobalNormalizer, log_mel
-from asrkit.audio import read_audio
 from asrkit.tokenizer import train_tokenizer
 from asrkit.training.checkpoints import CheckpointManager, TrainState
 from asrkit.training.trainer import build_model
@@ -46,7 +47,8 @@ for path in sys.argv[2:]:
     samples, rate = soundfile.read(path, dtype="float32")
     assert rate == 16000, rate
     result = serve(waveform=tf.constant(samples))
-    out[path] = {"text": result["text"].numpy().decode(), "tokens": result["tokens"].numpy().tolist()}
+    text, tokens = result["text"].numpy().decode(), result["tokens"].numpy().tolist()
+    out[path] = {"text": text, "tokens": tokens}
 assert not any(m.split(".")[0] == "asrkit" for m in sys.modules)
 print(json.dumps(out))
 """
@@ -75,8 +77,6 @@ def experiment(tmp_path_factory):
     exp = work / "exp"
     exp.mkdir()
     (exp / "config.yaml").write_text(dump_config(config))
-    import keras
-
     keras.utils.set_random_seed(3)
     model = build_model(config, tokenizer.vocab_size, steps=1)
     model.build_engine(dummy_batch(80))
@@ -110,7 +110,7 @@ def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp
 
 
 def test_transcribe_cli_with_an_export_and_an_experiment(experiment, tmp_path):
-    work, exp, utts = experiment
+    _, exp, utts = experiment
     out = export_model(exp, tmp_path / "saved")
     asrkit = Path(sys.executable).parent / "asrkit"
     paths = [utts[1].audio_path, utts[0].audio_path]

@@ -1,6 +1,7 @@
 """Parameters and training step time of the transducer configurations.
 
-Builds each model (Conformer-S and Conformer-M shapes, and the mini recipe's LSTM), then times
+Builds each recipe's model (recipes/librispeech/conf/conformer_{s,m}.yaml with the recipe's
+1024-piece vocabulary, recipes/mini/conf/lstm_cpu.yaml with 64 pieces), then times
 forward + backward + update of one micro-batch (median of 3 after a warm-up) through the
 accumulation engine, float32, on whatever device TensorFlow picks.
 
@@ -13,6 +14,7 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
 
 
 def main() -> None:
@@ -27,22 +29,15 @@ def main() -> None:
     import numpy as np
     import tensorflow as tf
 
-    from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
+    from asrkit.config import load_config
     from asrkit.models.transducer import Transducer
 
+    recipes = Path(__file__).resolve().parents[1] / "recipes"
     models = {
-        "conformer_s": (ModelConfig(
-            EncoderConfig(d_model=144, num_blocks=16, num_heads=4, kernel_size=31,
-                          subsampling_filters=144),
-            PredictorConfig(embed_dim=320, units=320), joint_dim=320), 1024),
-        "conformer_m": (ModelConfig(
-            EncoderConfig(d_model=256, num_blocks=16, num_heads=4, kernel_size=31,
-                          subsampling_filters=256),
-            PredictorConfig(embed_dim=640, units=640), joint_dim=640), 1024),
-        "mini_lstm": (ModelConfig(
-            EncoderConfig(kind="lstm", lstm_units=256, lstm_layers=2, subsampling_filters=32),
-            PredictorConfig(embed_dim=64, units=256), joint_dim=256), 64),
-    }  # fmt: skip
+        "conformer_s": (load_config(recipes / "librispeech/conf/conformer_s.yaml").model, 1024),
+        "conformer_m": (load_config(recipes / "librispeech/conf/conformer_m.yaml").model, 1024),
+        "mini_lstm": (load_config(recipes / "mini/conf/lstm_cpu.yaml").model, 64),
+    }
     frames = int(args.seconds * 100)
     for name, (config, vocab) in models.items():
         rng = np.random.default_rng(0)

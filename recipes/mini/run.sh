@@ -9,7 +9,8 @@
 #   2  train a SentencePiece tokenizer
 #   3  extract features to TFRecord shards (+ global mean/variance statistics)
 #   4  train
-#   5  decode test-clean (voices never heard in training) and score
+#   5  decode test-clean (voices never heard in training) with the average of the last two
+#      checkpoints: beam search (4) and greedy, and score both
 # Each finished stage leaves <work>/.done/<stage>; a rerun skips it (delete it to redo).
 set -euo pipefail
 
@@ -23,21 +24,14 @@ while (( $# )); do
     --preset) preset=$2; shift 2 ;;
     --config) config=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
     --set) sets+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 asrkit=${ASRKIT:-asrkit}
 mkdir -p "$work/.done"; cd "$work"
-log() { echo "[$(date '+%H:%M:%S')] $*"; }
-run_stage() {  # run_stage N name command...
-  local n=$1 name=$2; shift 2
-  (( n < stage || n > stop_stage )) && return 0
-  if [[ -f .done/$n ]]; then log "stage $n ($name): done before, skipped"; return 0; fi
-  log "stage $n ($name)"; local t0=$SECONDS
-  "$@"
-  touch ".done/$n"; log "stage $n ($name) took $((SECONDS - t0)) s"
-}
+# shellcheck source=../lib/stages.sh
+source "$here/../lib/stages.sh"
 
 install_voices() {
   if [[ $(id -u) == 0 && -z ${ASRKIT_NO_APT:-} ]] && command -v apt-get >/dev/null; then
@@ -62,4 +56,10 @@ run_stage 2 tokenizer "$asrkit" tokenizer train --manifest data/train-clean-100.
   --vocab-size "$vocab" --model-type unigram --out tokenizer
 run_stage 3 features features
 run_stage 4 train "$asrkit" train --config "$config" --exp-dir exp "${sets[@]}"
-run_stage 5 decode "$asrkit" decode --exp-dir exp --shards shards/test --out exp/decode_test
+decode() {
+  "$asrkit" decode --exp-dir exp --shards shards/test --average 2 --method greedy \
+    --out exp/decode_test_greedy
+  "$asrkit" decode --exp-dir exp --shards shards/test --average 2 --method beam --beam 4 \
+    --out exp/decode_test
+}
+run_stage 5 decode decode
