@@ -30,14 +30,17 @@ def progress(
     sys.stderr.write("\n")
 
 
+def format_bar(done: int, total: int | None, elapsed: float, width: int = 30) -> str:
+    """`[#####.....] done/total eta Ns` (or just `done` without a total)."""
+    rate = done / elapsed if elapsed > 0 else 0.0
+    if not total:
+        return f"{done}"
+    filled = min(int(width * done / total), width)
+    eta = max(total - done, 0) / rate if rate > 0 else 0.0
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} eta {eta:5.0f}s"
+
+
 def _draw(label: str, done: int, total: int | None, elapsed: float) -> None:
     rate = done / elapsed if elapsed > 0 else 0.0
-    if total:
-        width = 30
-        filled = int(width * done / total)
-        eta = (total - done) / rate if rate > 0 else 0.0
-        bar = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} eta {eta:5.0f}s"
-    else:
-        bar = f"{done}"
-    sys.stderr.write(f"\r{label} {bar} {rate:6.1f}/s")
+    sys.stderr.write(f"\r{label} {format_bar(done, total, elapsed)} {rate:6.1f}/s")
     sys.stderr.flush()

@@ -11,14 +11,7 @@ import numpy as np
 import pytest
 
 from asrkit.audio import read_audio
-from asrkit.config import (
-    DataConfig,
-    EncoderConfig,
-    ExperimentConfig,
-    ModelConfig,
-    PredictorConfig,
-    dump_config,
-)
+from asrkit.config import DataConfig, ExperimentConfig, dump_config
 from asrkit.data.librispeech import prepare_librispeech
 from asrkit.data.manifest import read_manifest
 from asrkit.decoding.runner import decode_manifest, dummy_batch, load_experiment, transcribe_files
@@ -27,6 +20,7 @@ from asrkit.features import GlobalNormalizer, log_mel
 from asrkit.tokenizer import train_tokenizer
 from asrkit.training.checkpoints import CheckpointManager, TrainState
 from asrkit.training.trainer import build_model
+from tests.tiny import tiny_model_config
 
 REAL = Path(__file__).parent / "data" / "realspeech"
 
@@ -65,12 +59,7 @@ def experiment(tmp_path_factory):
     normalizer = GlobalNormalizer.fit(log_mel(read_audio(u.audio_path)).numpy() for u in utts)
     (work / "cmvn.json").write_text(json.dumps(normalizer.to_dict()))
     config = ExperimentConfig(
-        model=ModelConfig(
-            encoder=EncoderConfig(kind="lstm", lstm_units=16, lstm_layers=1,
-                                  subsampling_filters=8, dropout=0.0),
-            predictor=PredictorConfig(embed_dim=8, units=16, dropout=0.0),
-            joint_dim=16,
-        ),
+        model=tiny_model_config(),
         data=DataConfig(tokenizer=str(work / "tokenizer"), cmvn=str(work / "cmvn.json"),
                         batch_seconds=20.0),
     )  # fmt: skip

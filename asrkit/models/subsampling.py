@@ -33,6 +33,13 @@ class ConvSubsampling(CompositeLayer):
         self.project = keras.layers.Dense(output_dim)
 
     def call(self, features, lengths):
+        # TF's Conv2D fails on an empty batch, which is what a replica gets as its share of a
+        # global micro-batch smaller than the replica count: convolve one silent row instead.
+        batch = tf.shape(features)[0]
+        empty = tf.equal(batch, 0)
+        silent_row = tf.concat([[1], tf.shape(features)[1:]], 0)
+        features = tf.cond(empty, lambda: tf.zeros(silent_row, features.dtype), lambda: features)
+        lengths = tf.cond(empty, lambda: tf.zeros([1], lengths.dtype), lambda: lengths)
         x = zero_padding(features, lengths)[..., None]  # [B, T, F, 1]
         x = self.conv1(x)
         x = zero_padding(x, conv_frames(lengths))
@@ -40,7 +47,7 @@ class ConvSubsampling(CompositeLayer):
         shape = tf.shape(x)
         x = tf.reshape(x, [shape[0], shape[1], x.shape[2] * x.shape[3]])
         out_lengths = encoder_frames(lengths)
-        return zero_padding(self.project(x), out_lengths), out_lengths
+        return zero_padding(self.project(x), out_lengths)[:batch], out_lengths[:batch]
 
     def get_config(self):
         return {**super().get_config(), "filters": self.filters, "output_dim": self.output_dim}

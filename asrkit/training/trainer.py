@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +27,11 @@ from asrkit.decoding.runner import decode_shards, normalizer_for
 from asrkit.decoding.search import DecodeOptions
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import Tokenizer
+from asrkit.training.callbacks import TrainingProgress
 from asrkit.training.checkpoints import (
     CheckpointManager,
     TrainState,
+    list_checkpoints,
     load_matching_weights,
     restore,
 )
@@ -53,10 +56,11 @@ def resolve_strategy(name: str) -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy() if len(gpus) > 1 else tf.distribute.get_strategy()
 
 
-def pipeline_config(config: ExperimentConfig) -> PipelineConfig:
+def pipeline_config(config: ExperimentConfig, replicas: int = 1) -> PipelineConfig:
+    """The input pipeline; a global micro-batch holds `data.batch_seconds` per replica."""
     d = config.data
     return PipelineConfig(
-        batch_seconds=d.batch_seconds,
+        batch_seconds=d.batch_seconds * replicas,
         num_buckets=d.num_buckets,
         shuffle_buffer=d.shuffle_buffer,
         frame_step_seconds=config.features.frame_step / config.features.sample_rate,
@@ -64,11 +68,13 @@ def pipeline_config(config: ExperimentConfig) -> PipelineConfig:
     )
 
 
-def accumulation_steps(config: ExperimentConfig) -> int:
+def accumulation_steps(config: ExperimentConfig, replicas: int = 1) -> int:
+    """`train.accumulation_steps`, or the micro-batches that make `effective_batch_seconds`
+    when each of `replicas` devices holds `data.batch_seconds` of audio."""
     t = config.train
     if t.effective_batch_seconds is None:
         return t.accumulation_steps
-    return max(1, math.ceil(t.effective_batch_seconds / config.data.batch_seconds))
+    return max(1, math.ceil(t.effective_batch_seconds / (config.data.batch_seconds * replicas)))
 
 
 def learning_rate_schedule(config: ExperimentConfig, total_updates: int):
@@ -106,11 +112,19 @@ def train(
 ) -> TrainResult:
     start = time.monotonic()
     exp_dir = Path(exp_dir)
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    (exp_dir / "config.yaml").write_text(f"# asrkit {__version__}\n" + dump_config(config))
     keras.utils.set_random_seed(config.train.seed)
     keras.mixed_precision.set_dtype_policy(config.train.precision)
     strategy = resolve_strategy(config.train.strategy)
+    chief, worker = _worker_role(strategy)
+    # Every worker writes checkpoints (saving can need collectives), only the chief where
+    # they are kept; the others write to a scratch directory and log nothing.
+    save_dir = exp_dir if chief else exp_dir / f".worker-{worker}"
+    save_dir.mkdir(parents=True, exist_ok=True)
+    if chief:
+        (exp_dir / "config.yaml").write_text(f"# asrkit {__version__}\n" + dump_config(config))
+    else:
+        log = _silent
+    replicas = strategy.num_replicas_in_sync
 
     tokenizer = Tokenizer.load(config.data.tokenizer)
     normalize = normalizer_for(config)
@@ -118,22 +132,30 @@ def train(
     dropped = int(np.sum(~enough_frames(lengths, tokens)))
     if dropped:
         log(f"{dropped} utterance(s) have fewer encoder frames than tokens and are skipped")
-    pipe = pipeline_config(config)
+    pipe = pipeline_config(config, replicas)
     plan = bucket_plan(lengths, pipe)
-    steps = accumulation_steps(config)
+    steps = accumulation_steps(config, replicas)
     micro_per_epoch = _micro_batches(lengths, plan)
+    audio_per_micro_batch = float(lengths.sum()) * pipe.frame_step_seconds / micro_per_epoch
     log(
         f"asrkit {__version__}: {len(lengths)} utterances ({lengths.sum() / 100 / 3600:.2f} h), "
-        f"~{micro_per_epoch} micro-batches of <= {pipe.batch_seconds:.0f} s audio per epoch; "
-        f"{steps} per update = effective batch {steps * pipe.batch_seconds:.0f} s audio "
-        f"x {strategy.num_replicas_in_sync} replica(s)"
+        f"~{micro_per_epoch} micro-batches of <= {config.data.batch_seconds:.0f} s audio "
+        f"x {replicas} replica(s) per epoch; {steps} per update = effective batch "
+        f"{steps * pipe.batch_seconds:.0f} s audio"
     )
 
     def dataset(epoch: int, skip: int = 0) -> tf.data.Dataset:
-        return make_dataset(
+        data = make_dataset(
             files, pipe, *plan, training=True, seed=config.train.seed, epoch=epoch,
             skip_batches=skip, num_mel_bins=config.features.num_mel_bins, normalize=normalize,
         )  # fmt: skip
+        # Every worker reads the same global micro-batches and takes its slice of each, so
+        # all workers run the same number of steps (file sharding would not).
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.DATA
+        )
+        return data.with_options(options)
 
     with strategy.scope():
         total_updates = config.train.epochs * math.ceil(micro_per_epoch / steps)
@@ -142,25 +164,31 @@ def train(
     parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     log(f"model: {parameters:,} parameters, vocabulary {tokenizer.vocab_size}")
 
-    manager = CheckpointManager(exp_dir / "checkpoints", config.train.keep_checkpoints)
+    manager = CheckpointManager(save_dir / "checkpoints", config.train.keep_checkpoints)
     state = TrainState(epoch=0, micro_batches=0, updates=0)
-    if manager.latest() is not None:
-        state = restore(model, manager.latest())
-        log(f"resumed from {manager.latest().name}: epoch {state.epoch}, {state.updates} updates")
+    found = list_checkpoints(exp_dir / "checkpoints")  # the chief's, on every worker
+    if found:
+        state = restore(model, found[-1])
+        log(f"resumed from {found[-1].name}: epoch {state.epoch}, {state.updates} updates")
     elif init_from:
         _init_from(model, init_from, log)
 
-    writer = tf.summary.create_file_writer(str(exp_dir / "tensorboard"))
+    if chief:
+        writer = tf.summary.create_file_writer(str(exp_dir / "tensorboard"))
+    else:
+        writer = tf.summary.create_noop_writer()
     dev_wer, epoch_losses = state.best_wer, []
     while state.epoch < config.train.epochs:
-        progress = _Progress(manager, state, micro_per_epoch, config, writer, log)
+        progress = TrainingProgress(
+            manager, state, micro_per_epoch, audio_per_micro_batch, config, writer, log
+        )
         history = model.fit(
             dataset(state.epoch, state.micro_batches), verbose=0, callbacks=[progress]
         )
         epoch_losses += history.history.get("loss", [])[-1:]
         updates = int(model.optimizer.iterations.numpy())
         state = TrainState(state.epoch + 1, 0, updates, state.best_wer)
-        if config.data.dev_shards:
+        if config.data.dev_shards and chief:
             dev_wer = decode_shards(
                 model, config.data.dev_shards, tokenizer, pipe, normalize,
                 DecodeOptions(max_symbols_per_step=config.train.max_symbols_per_step),
@@ -172,7 +200,25 @@ def train(
                 tf.summary.scalar("dev/wer", dev_wer, step=updates)
             log(f"epoch {state.epoch}: dev WER {dev_wer * 100:.2f} %")
         manager.save(model, state)
+    if not chief:
+        shutil.rmtree(save_dir, ignore_errors=True)
     return TrainResult(state, dev_wer, parameters, time.monotonic() - start, epoch_losses)
+
+
+def _worker_role(strategy) -> tuple[bool, int]:
+    """(is this process the chief, its task index) — single-process strategies: (True, 0)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return True, 0
+    jobs = resolver.cluster_spec().jobs
+    task_type, task_id = resolver.task_type, int(resolver.task_id or 0)
+    if "chief" in jobs:
+        return task_type == "chief", task_id
+    return task_type == "worker" and task_id == 0, task_id
+
+
+def _silent(*_args) -> None:
+    pass
 
 
 def _micro_batches(lengths: np.ndarray, plan) -> int:
@@ -206,40 +252,3 @@ def freeze_encoder(model: Transducer, blocks: int) -> None:
     layers = getattr(encoder, "blocks", None) or getattr(encoder, "lstms", [])
     for layer in layers[:blocks]:
         layer.trainable = False
-
-
-class _Progress(keras.callbacks.Callback):
-    """Progress with ETA, TensorBoard scalars, and checkpoints every K updates."""
-
-    def __init__(self, manager, state, total, config, writer, log):
-        super().__init__()
-        self.manager, self.state, self.total = manager, state, max(total, 1)
-        self.every, self.writer, self.log = config.train.checkpoint_every, writer, log
-        self.started = self.last_print = time.monotonic()
-        self.first = state.micro_batches
-
-    def on_train_batch_end(self, batch, logs=None):
-        logs = logs or {}
-        done = self.first + batch + 1  # Keras reports the last micro-batch of the window
-        updates = int(self.model.optimizer.iterations.numpy())
-        elapsed = time.monotonic() - self.started
-        rate = (done - self.first) / max(elapsed, 1e-9)
-        with self.writer.as_default():
-            for key in ("loss", "window_loss", "grad_norm", "learning_rate", "skipped_windows"):
-                if key in logs:
-                    tf.summary.scalar(f"train/{key}", logs[key], step=updates)
-            if "loss_scale" in logs:
-                tf.summary.scalar("train/loss_scale", logs["loss_scale"], step=updates)
-        now = time.monotonic()
-        if now - self.last_print > 10:
-            self.last_print = now
-            eta = max(self.total - done, 0) / max(rate, 1e-9)
-            self.log(
-                f"epoch {self.state.epoch + 1} [{done}/{self.total}] updates {updates} "
-                f"loss {logs.get('loss', float('nan')):.3f} lr {logs.get('learning_rate', 0):.2e} "
-                f"grad {logs.get('grad_norm', 0):.2f} skipped {logs.get('skipped_windows', 0)} "
-                f"eta {eta:.0f}s"
-            )
-        if self.every and updates and updates % self.every == 0:
-            state = TrainState(self.state.epoch, done, updates, self.state.best_wer)
-            self.manager.save(self.model, state)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
 from asrkit.models.transducer import Transducer
+from tests.tiny import tiny_model_config
 
 
 @pytest.fixture(scope="package")
@@ -15,13 +15,7 @@ def model():
 
 def tiny_transducer(vocab_size, seed, blank_bias=-2.0):
     tf.keras.utils.set_random_seed(seed)
-    config = ModelConfig(
-        encoder=EncoderConfig(kind="lstm", lstm_units=16, lstm_layers=1, subsampling_filters=8,
-                              dropout=0.0),
-        predictor=PredictorConfig(embed_dim=8, units=16, dropout=0.0),
-        joint_dim=16,
-    )  # fmt: skip
-    m = Transducer(vocab_size, config)
+    m = Transducer(vocab_size, tiny_model_config())
     m.compute_loss_terms(
         (np.zeros((1, 20, 80), np.float32), np.array([20]), np.ones((1, 2), np.int32),
          np.array([2])), False,

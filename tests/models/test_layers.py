@@ -133,3 +133,30 @@ def test_transducer_config_round_trip():
     model = _tiny_transducer("conformer")
     clone = Transducer.from_config(model.get_config())
     assert clone.config == model.config and clone.vocab_size == 12
+
+
+@pytest.mark.parametrize("kind", ["lstm", "conformer"])
+def test_an_empty_batch_contributes_nothing_in_graph_mode(kind):
+    """A replica's share of a global micro-batch smaller than the replica count is empty;
+    TF's Conv2D alone fails on that (in graph mode), the transducer must not."""
+    model = _tiny_transducer(kind)
+    feats = RNG.standard_normal((2, 40, 80)).astype(np.float32)
+    model.compute_loss_terms((feats, np.array([40, 30]), np.ones((2, 3), np.int32),
+                              np.array([3, 2])), False)  # fmt: skip
+
+    # Shapes as a distributed step sees them: the batch size is not known when tracing.
+    spec = (tf.TensorSpec([None, None, 80]), tf.TensorSpec([None], tf.int32),
+            tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32))  # fmt: skip
+
+    @tf.function(input_signature=[spec])
+    def terms_and_grads(batch):
+        with tf.GradientTape() as tape:
+            loss_sum, count = model.compute_loss_terms(batch, True)
+        return loss_sum, count, tape.gradient(loss_sum, model.trainable_variables)
+
+    empty = (np.zeros((0, 40, 80), np.float32), np.zeros((0,), np.int32),
+             np.zeros((0, 3), np.int32), np.zeros((0,), np.int32))  # fmt: skip
+    loss_sum, count, grads = terms_and_grads(empty)
+    assert float(loss_sum) == 0.0 and int(count) == 0
+    for grad in grads:
+        assert grad is None or not np.any(tf.convert_to_tensor(grad).numpy())

@@ -4,7 +4,6 @@ import keras
 import numpy as np
 import pytest
 
-from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
 from asrkit.decoding.runner import dummy_batch
 from asrkit.models.transducer import Transducer
 from asrkit.training.checkpoints import (
@@ -14,16 +13,11 @@ from asrkit.training.checkpoints import (
     list_checkpoints,
     restore,
 )
+from tests.tiny import tiny_model_config
 
 
 def built_transducer():
-    config = ModelConfig(
-        encoder=EncoderConfig(kind="lstm", lstm_units=8, lstm_layers=1, subsampling_filters=4,
-                              dropout=0.1),
-        predictor=PredictorConfig(embed_dim=4, units=8, dropout=0.1),
-        joint_dim=8,
-    )  # fmt: skip
-    model = Transducer(9, config)
+    model = Transducer(9, tiny_model_config(units=8, dropout=0.1))
     model.compile(keras.optimizers.SGD(0.1))
     model.build_engine(dummy_batch(80))
     return model

@@ -1,6 +1,8 @@
 """asrkit-train end to end on the tiny synthetic corpus: the loss falls, and a run resumed
 from a mid-epoch checkpoint — also after a real SIGKILL — ends with the same weights."""
 
+import io
+import json
 import os
 import shutil
 import signal
@@ -85,7 +87,47 @@ def test_training_learns_and_checkpoints(workdir, uninterrupted):
     checkpoints = CheckpointManager(workdir / "exp_a" / "checkpoints").checkpoints()
     assert len(checkpoints) >= uninterrupted.state.updates
     assert (workdir / "exp_a" / "config.yaml").read_text().startswith("# asrkit")
-    assert (workdir / "exp_a" / "tensorboard").is_dir()
+    tags = set()
+    for event_file in (workdir / "exp_a" / "tensorboard").glob("events.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(event_file)):
+            tags.update(v.tag for v in event.summary.value)
+    expected = {"train/loss", "train/learning_rate", "train/grad_norm", "dev/wer",
+                "train/skipped_windows", "train/audio_seconds_per_second"}  # fmt: skip
+    assert expected <= tags, expected - tags
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_draws_a_bar_on_a_terminal(monkeypatch):
+    from asrkit.training.callbacks import TrainingProgress
+    from asrkit.training.checkpoints import TrainState
+
+    class Optimizer:
+        iterations = tf.Variable(0, dtype=tf.int64)
+
+    class Model:
+        optimizer = Optimizer()
+
+    config = load_config(None, ["train.checkpoint_every=0"])
+    terminal, lines = _Terminal(), []
+    writer = tf.summary.create_noop_writer()
+    clock = iter(range(100, 200))
+    monkeypatch.setattr("asrkit.training.callbacks.time.monotonic", lambda: float(next(clock)))
+    progress = TrainingProgress(None, TrainState(0, 0, 0), 10, 3.0, config, writer,
+                                lines.append, stream=terminal)  # fmt: skip
+    progress.set_model(Model())
+    for batch in range(4):
+        Model.optimizer.iterations.assign_add(1)
+        progress.on_train_batch_end(batch, {"loss": 1.5, "learning_rate": 1e-3})
+    progress.on_epoch_end(0)
+    drawn = terminal.getvalue()
+    assert drawn.count("\r") >= 3 and drawn.endswith("\n") and not lines
+    last = drawn.strip().split("\r")[-1]
+    assert "4/10" in last and "updates 4" in last and "loss 1.500" in last
+    assert "audio s/s" in last
 
 
 def test_resume_from_a_mid_epoch_checkpoint_ends_identical(workdir, uninterrupted):
@@ -220,3 +262,55 @@ def test_mixed_precision_training_runs_and_stays_finite(workdir, precision):
         keras.mixed_precision.set_dtype_policy("float32")
     assert len(result.epoch_losses) == 2 and np.all(np.isfinite(result.epoch_losses))
     assert result.state.updates > 0
+
+
+def test_two_worker_training_equals_one_process_with_the_same_global_batches(workdir, tmp_path):
+    """`asrkit train` as 2 MultiWorkerMirrored processes on loopback: each global micro-batch
+    holds data.batch_seconds per replica and is split between the workers. One process with
+    twice the micro-batch reads the same global micro-batches, so (dropout off) both must end
+    with the same weights; only the chief keeps checkpoints, logs and TensorBoard."""
+    from tests.training.test_multi_worker import _free_ports
+
+    asrkit = Path(sys.executable).parent / "asrkit"
+    common = ["--config", "conf.yaml", "--set", "train.epochs=1", "--set", "data.dev_shards=",
+              "--set", "model.encoder.dropout=0", "--set", "model.predictor.dropout=0",
+              "--set", "train.checkpoint_every=0"]  # fmt: skip
+    single = subprocess.run(
+        [asrkit, "train", *common, "--exp-dir", str(tmp_path / "single"),
+         "--set", "data.batch_seconds=12.0"],
+        cwd=workdir, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    procs = []
+    for index in range(2):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        )
+        cmd = [asrkit, "train", *common, "--exp-dir", str(tmp_path / "multi"),
+               "--set", "train.strategy=multiworker"]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    outputs = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        assert proc.returncode == 0, err[-3000:]
+        outputs.append(out)
+    assert "x 2 replica(s)" in outputs[0] and "model:" not in outputs[1]  # chief logs
+    assert not list((tmp_path / "multi").glob(".worker-*"))  # scratch removed
+    (multi,) = CheckpointManager(tmp_path / "multi" / "checkpoints").checkpoints()
+    (alone,) = CheckpointManager(tmp_path / "single" / "checkpoints").checkpoints()
+    got, want = _weights(multi), _weights(alone)
+    model_keys = [k for k in want if k.startswith("variables/")]
+    assert model_keys and set(got) == set(want)
+    for key in model_keys:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-3, atol=1e-5, err_msg=key)
+    iterations = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
+    assert int(got[iterations]) == int(want[iterations]) > 0

@@ -1,0 +1,70 @@
+"""The training loop's callback: progress (a bar on a terminal, log lines otherwise),
+TensorBoard scalars, and checkpoints every K updates."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import keras
+import tensorflow as tf
+
+from asrkit.progress import format_bar
+from asrkit.training.checkpoints import TrainState
+
+_SCALARS = ("loss", "window_loss", "grad_norm", "learning_rate", "skipped_windows", "loss_scale")
+
+
+class TrainingProgress(keras.callbacks.Callback):
+    """One epoch's progress. `audio_per_micro_batch` is the epoch's mean audio seconds per
+    micro-batch, so audio seconds per second is an epoch-average throughput."""
+
+    def __init__(self, manager, state, total, audio_per_micro_batch, config, writer, log,
+                 stream=None):  # fmt: skip
+        super().__init__()
+        self.manager, self.state, self.total = manager, state, max(total, 1)
+        self.audio_per_micro_batch = audio_per_micro_batch
+        self.every, self.writer, self.log = config.train.checkpoint_every, writer, log
+        self.stream = stream or sys.stderr
+        self.bar = self.stream.isatty()
+        self.started = self.last_print = time.monotonic()
+        self.first = state.micro_batches
+
+    def on_train_batch_end(self, batch, logs=None):
+        logs = logs or {}
+        done = self.first + batch + 1  # Keras reports the last micro-batch of the window
+        updates = int(self.model.optimizer.iterations.numpy())
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        audio_rate = (done - self.first) * self.audio_per_micro_batch / elapsed
+        with self.writer.as_default():
+            for key in _SCALARS:
+                if key in logs:
+                    tf.summary.scalar(f"train/{key}", logs[key], step=updates)
+            tf.summary.scalar("train/audio_seconds_per_second", audio_rate, step=updates)
+        now = time.monotonic()
+        if now - self.last_print > (0.5 if self.bar else 10):
+            self.last_print = now
+            self._report(done, updates, elapsed, audio_rate, logs)
+        if self.every and updates and updates % self.every == 0:
+            state = TrainState(self.state.epoch, done, updates, self.state.best_wer)
+            self.manager.save(self.model, state)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.bar:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def _report(self, done, updates, elapsed, audio_rate, logs) -> None:
+        # The bar's rate counts this run's micro-batches only (a resumed epoch starts late).
+        bar = format_bar(done - self.first, self.total - self.first, elapsed)
+        line = (
+            f"epoch {self.state.epoch + 1} {bar} updates {updates} "
+            f"loss {logs.get('loss', float('nan')):.3f} lr {logs.get('learning_rate', 0):.2e} "
+            f"grad {logs.get('grad_norm', 0):.2f} skipped {int(logs.get('skipped_windows', 0))} "
+            f"{audio_rate:.0f} audio s/s"
+        )
+        if self.bar:
+            self.stream.write("\r" + line)
+            self.stream.flush()
+        else:
+            self.log(line)
