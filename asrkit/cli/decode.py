@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     )
     method = f"beam {args.beam}" if args.method == "beam" else "greedy"
     summary = (
-        f"{args.shards or args.manifest}: {method}, {weights} checkpoint: WER {r.wer * 100:.2f} % "
+        f"{args.shards or args.manifest}: {method}, weights {weights}: WER {r.wer * 100:.2f} % "
         f"(S {r.substitutions}, D {r.deletions}, I {r.insertions} of {r.words} words), "
         f"CER {r.cer * 100:.2f} %, {len(report.utterances)} utterances, RTF {report.rtf:.3f}"
     )
