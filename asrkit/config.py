@@ -122,6 +122,7 @@ class TrainConfig:
     jit_compile: bool = False
     max_consecutive_skips: int = 25
     freeze_encoder: int = 0  # fine-tuning: 0 none, -1 the whole encoder, n its first n layers
+    probe_memory: bool = True  # one pass on the largest micro-batch before training starts
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:

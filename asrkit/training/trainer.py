@@ -35,6 +35,7 @@ from asrkit.training.checkpoints import (
     load_matching_weights,
     restore,
 )
+from asrkit.training.probe import largest_micro_batch, probe_memory
 from asrkit.training.schedules import WarmupCosine, WarmupInverseSqrt
 
 
@@ -164,6 +165,13 @@ def train(
     parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     log(f"model: {parameters:,} parameters, vocabulary {tokenizer.vocab_size}")
 
+    if config.train.probe_memory:
+        shape = largest_micro_batch(lengths, tokens, plan, replicas)
+        probe_memory(model, strategy, shape, config.features.num_mel_bins)
+        log(
+            f"memory probe: the largest micro-batch fits ({shape.utterances} utterance(s) x "
+            f"{shape.frames} frames x {shape.tokens} tokens per replica)"
+        )
     manager = CheckpointManager(save_dir / "checkpoints", config.train.keep_checkpoints)
     state = TrainState(epoch=0, micro_batches=0, updates=0)
     found = list_checkpoints(exp_dir / "checkpoints")  # the chief's, on every worker
