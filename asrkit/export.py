@@ -2,9 +2,9 @@
 
 The serving signature takes a mono float32 waveform at the model's sample rate (16 kHz by
 default), any length, and returns {"text": string, "tokens": int32 [N], "score": float32}.
-Features (log-mel + the training set's mean/variance), the encoder, batched greedy search
-and detokenisation are all TensorFlow ops, so `tf.saved_model.load(dir)` serves it with
-TensorFlow alone — asrkit need not be installed.
+Features (log-mel + the training set's mean/variance), the encoder, the search (greedy by
+default, or beam search) and detokenisation are all TensorFlow ops, so
+`tf.saved_model.load(dir)` serves it with TensorFlow alone — asrkit need not be installed.
 """
 
 from __future__ import annotations
@@ -16,30 +16,35 @@ import keras
 import tensorflow as tf
 
 from asrkit import __version__
-from asrkit.decoding.greedy import greedy_search
 from asrkit.decoding.runner import load_experiment, normalizer_for
+from asrkit.decoding.search import DecodeOptions, describe, search
 from asrkit.features import MIN_FEATURE_FRAMES, log_mel
 
 
 def export_model(
-    exp_dir: str | Path, out: str | Path, checkpoint: str | None = None, average: int = 1
+    exp_dir: str | Path,
+    out: str | Path,
+    checkpoint: str | None = None,
+    average: int = 1,
+    options: DecodeOptions | None = None,
 ) -> Path:
     """Writes the SavedModel of an experiment's checkpoint (or the average of its last
-    `average` checkpoints) to `out`, with an `asrkit_export.json` describing it."""
+    `average` checkpoints) to `out`, with an `asrkit_export.json` describing it. `options`:
+    the search built into the graph (default: greedy with the experiment's symbols limit)."""
     model, config, tokenizer = load_experiment(exp_dir, checkpoint, average)
+    options = options or DecodeOptions(max_symbols_per_step=config.train.max_symbols_per_step)
     normalizer = normalizer_for(config)
     features = config.features
     pieces = tf.constant(tokenizer.surface_pieces())
     mean = tf.constant(normalizer.mean if normalizer else 0.0, tf.float32)
     std = tf.constant(normalizer.std if normalizer else 1.0, tf.float32)
-    max_symbols = config.train.max_symbols_per_step
 
     def transcribe(waveform):
         feats = (log_mel(waveform, features) - mean) / std  # [T, F]
         length = tf.shape(feats)[0]
         feats = tf.pad(feats, [[0, tf.maximum(MIN_FEATURE_FRAMES - length, 0)], [0, 0]])
         encoded, lengths = model.encode(feats[None], length[None], training=False)
-        tokens, _, counts, scores = greedy_search(model, encoded, lengths, max_symbols)
+        tokens, _, counts, scores = search(model, encoded, lengths, options)
         ids = tokens[0, : counts[0]]
         text = tf.strings.reduce_join(tf.gather(pieces, ids))
         text = tf.strings.strip(tf.strings.regex_replace(text, " +", " "))
@@ -57,7 +62,7 @@ def export_model(
         "sample_rate": features.sample_rate,
         "input": "mono float32 waveform in [-1, 1], any length",
         "outputs": {"text": "string", "tokens": "int32 [N]", "score": "float32"},
-        "decoding": f"greedy, at most {max_symbols} symbols per encoder frame",
+        "decoding": describe(options),
         "vocab_size": tokenizer.vocab_size,
         "experiment": str(Path(exp_dir).resolve()),
     }

@@ -111,3 +111,25 @@ def test_transcribe_cli_with_an_export_and_an_experiment(experiment, tmp_path):
         lines[source[0]] = run.stdout.strip().splitlines()
     assert [line.split("\t")[0] for line in lines["--model"]] == paths
     assert lines["--model"] == lines["--exp-dir"]
+
+
+def test_exported_beam_search_matches_beam_decoding(experiment, tmp_path):
+    import tensorflow as tf
+
+    from asrkit.decoding.search import DecodeOptions
+
+    _, exp, utts = experiment
+    options = DecodeOptions("beam", beam=4, max_symbols_per_step=2)
+    out = export_model(exp, tmp_path / "beam", options=options)
+    assert "beam 4" in json.loads((out / "asrkit_export.json").read_text())["decoding"]
+    serve = tf.saved_model.load(str(out)).signatures["serving_default"]
+    model, config, tokenizer = load_experiment(exp)
+    paths = [u.audio_path for u in utts[:3]]
+    expected = dict(transcribe_files(model, paths, tokenizer, config, options))
+    greedy = dict(transcribe_files(model, paths, tokenizer, config))
+    assert any(expected[p].tokens != greedy[p].tokens for p in paths)  # beam is not greedy here
+    for path in paths:
+        result = serve(waveform=tf.constant(read_audio(path)))
+        assert result["tokens"].numpy().tolist() == expected[path].tokens
+        assert result["text"].numpy().decode() == expected[path].text
+        assert float(result["score"]) == pytest.approx(expected[path].score, rel=1e-4)

@@ -74,6 +74,22 @@ def beam_decode(
     return decode_batch(model, features, feature_lengths, tokenizer, options)
 
 
+def search(model, encoded, encoder_lengths, options: DecodeOptions):
+    """The best hypothesis per row, as graph tensors: (tokens [B, N], frames [B, N],
+    counts [B], scores [B]); token slots past counts[b] hold -1."""
+    if options.method == "beam":
+        tokens, frames, counts, scores = beam_search(
+            model, encoded, encoder_lengths, options.beam, options.max_symbols_per_step
+        )
+        return tokens[:, 0], frames[:, 0], counts[:, 0], scores[:, 0]
+    return greedy_search(model, encoded, encoder_lengths, options.max_symbols_per_step)
+
+
+def describe(options: DecodeOptions) -> str:
+    name = f"beam search, beam {options.beam}" if options.method == "beam" else "greedy search"
+    return f"{name}, at most {options.max_symbols_per_step} symbol(s) per encoder frame"
+
+
 def _compiled(model, options: DecodeOptions):
     cache = model.__dict__.setdefault("_asrkit_search", {})
     if options not in cache:
@@ -81,12 +97,7 @@ def _compiled(model, options: DecodeOptions):
         @tf.function(reduce_retracing=True)
         def run(features, feature_lengths):
             encoded, lengths = model.encode(features, feature_lengths, training=False)
-            if options.method == "beam":
-                tokens, frames, counts, scores = beam_search(
-                    model, encoded, lengths, options.beam, options.max_symbols_per_step
-                )
-                return tokens[:, 0], frames[:, 0], counts[:, 0], scores[:, 0]
-            return greedy_search(model, encoded, lengths, options.max_symbols_per_step)
+            return search(model, encoded, lengths, options)
 
         cache[options] = run
     return cache[options]

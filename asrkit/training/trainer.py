@@ -14,6 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -128,35 +129,11 @@ def train(
     replicas = strategy.num_replicas_in_sync
 
     tokenizer = Tokenizer.load(config.data.tokenizer)
-    normalize = normalizer_for(config)
-    files, lengths, tokens = shard_counts(config.data.train_shards)
-    dropped = int(np.sum(~enough_frames(lengths, tokens)))
-    if dropped:
-        log(f"{dropped} utterance(s) have fewer encoder frames than tokens and are skipped")
-    pipe = pipeline_config(config, replicas)
-    plan = bucket_plan(lengths, pipe)
-    steps = accumulation_steps(config, replicas)
-    micro_per_epoch = _micro_batches(lengths, plan)
-    audio_per_micro_batch = float(lengths.sum()) * pipe.frame_step_seconds / micro_per_epoch
-    log(
-        f"asrkit {__version__}: {len(lengths)} utterances ({lengths.sum() / 100 / 3600:.2f} h), "
-        f"~{micro_per_epoch} micro-batches of <= {config.data.batch_seconds:.0f} s audio "
-        f"x {replicas} replica(s) per epoch; {steps} per update = effective batch "
-        f"{steps * pipe.batch_seconds:.0f} s audio"
-    )
+    data = _plan_data(config, replicas, log)
+    steps, micro_per_epoch = data.steps, data.micro_per_epoch
 
     def dataset(epoch: int, skip: int = 0) -> tf.data.Dataset:
-        data = make_dataset(
-            files, pipe, *plan, training=True, seed=config.train.seed, epoch=epoch,
-            skip_batches=skip, num_mel_bins=config.features.num_mel_bins, normalize=normalize,
-        )  # fmt: skip
-        # Every worker reads the same global micro-batches and takes its slice of each, so
-        # all workers run the same number of steps (file sharding would not).
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = (
-            tf.data.experimental.AutoShardPolicy.DATA
-        )
-        return data.with_options(options)
+        return _dataset(config, data, epoch, skip)
 
     with strategy.scope():
         total_updates = config.train.epochs * math.ceil(micro_per_epoch / steps)
@@ -166,7 +143,7 @@ def train(
     log(f"model: {parameters:,} parameters, vocabulary {tokenizer.vocab_size}")
 
     if config.train.probe_memory:
-        shape = largest_micro_batch(lengths, tokens, plan, replicas)
+        shape = largest_micro_batch(data.frames, data.tokens, data.plan, replicas)
         probe_memory(model, strategy, shape, config.features.num_mel_bins)
         log(
             f"memory probe: the largest micro-batch fits ({shape.utterances} utterance(s) x "
@@ -188,7 +165,7 @@ def train(
     dev_wer, epoch_losses = state.best_wer, []
     while state.epoch < config.train.epochs:
         progress = TrainingProgress(
-            manager, state, micro_per_epoch, audio_per_micro_batch, config, writer, log
+            manager, state, micro_per_epoch, data.audio_per_micro_batch, config, writer, log
         )
         history = model.fit(
             dataset(state.epoch, state.micro_batches), verbose=0, callbacks=[progress]
@@ -197,11 +174,7 @@ def train(
         updates = int(model.optimizer.iterations.numpy())
         state = TrainState(state.epoch + 1, 0, updates, state.best_wer)
         if config.data.dev_shards and chief:
-            dev_wer = decode_shards(
-                model, config.data.dev_shards, tokenizer, pipe, normalize,
-                DecodeOptions(max_symbols_per_step=config.train.max_symbols_per_step),
-                config.features.num_mel_bins,
-            ).rates.wer  # fmt: skip
+            dev_wer = _dev_wer(model, config, tokenizer, data)
             best = dev_wer if state.best_wer is None else min(dev_wer, state.best_wer)
             state = dataclasses.replace(state, best_wer=best)
             with writer.as_default():
@@ -211,6 +184,59 @@ def train(
     if not chief:
         shutil.rmtree(save_dir, ignore_errors=True)
     return TrainResult(state, dev_wer, parameters, time.monotonic() - start, epoch_losses)
+
+
+class _TrainingData(NamedTuple):
+    files: list[str]
+    frames: np.ndarray  # per utterance
+    tokens: np.ndarray  # per utterance
+    pipe: PipelineConfig
+    plan: tuple[list[int], list[int]]
+    steps: int  # micro-batches per update
+    micro_per_epoch: int
+    audio_per_micro_batch: float  # seconds, the epoch's mean
+    normalize: object
+
+
+def _plan_data(config: ExperimentConfig, replicas: int, log) -> _TrainingData:
+    files, frames, tokens = shard_counts(config.data.train_shards)
+    dropped = int(np.sum(~enough_frames(frames, tokens)))
+    if dropped:
+        log(f"{dropped} utterance(s) have fewer encoder frames than tokens and are skipped")
+    pipe = pipeline_config(config, replicas)
+    plan = bucket_plan(frames, pipe)
+    steps = accumulation_steps(config, replicas)
+    micro = _micro_batches(frames, plan)
+    audio = float(frames.sum()) * pipe.frame_step_seconds
+    log(
+        f"asrkit {__version__}: {len(frames)} utterances ({audio / 3600:.2f} h), "
+        f"~{micro} micro-batches of <= {config.data.batch_seconds:.0f} s audio "
+        f"x {replicas} replica(s) per epoch; {steps} per update = effective batch "
+        f"{steps * pipe.batch_seconds:.0f} s audio"
+    )
+    normalize = normalizer_for(config)
+    return _TrainingData(files, frames, tokens, pipe, plan, steps, micro, audio / micro, normalize)
+
+
+def _dataset(config: ExperimentConfig, data: _TrainingData, epoch: int, skip: int):
+    dataset = make_dataset(
+        data.files, data.pipe, *data.plan, training=True, seed=config.train.seed, epoch=epoch,
+        skip_batches=skip, num_mel_bins=config.features.num_mel_bins, normalize=data.normalize,
+    )  # fmt: skip
+    # Every worker reads the same global micro-batches and takes its slice of each, so all
+    # workers run the same number of steps (file sharding would not).
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)
+
+
+def _dev_wer(model, config: ExperimentConfig, tokenizer, data: _TrainingData) -> float:
+    options = DecodeOptions(max_symbols_per_step=config.train.max_symbols_per_step)
+    report = decode_shards(
+        model, config.data.dev_shards, tokenizer, data.pipe, data.normalize, options,
+        config.features.num_mel_bins,
+    )  # fmt: skip
+    return report.rates.wer
 
 
 def _worker_role(strategy) -> tuple[bool, int]:
