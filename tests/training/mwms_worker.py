@@ -1,5 +1,6 @@
 """One worker of the MultiWorkerMirroredStrategy test (run as a subprocess with TF_CONFIG)."""
 
+import json
 import os
 import sys
 
@@ -31,4 +32,6 @@ def main(out_path: str, sizes: list[int], steps: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], [int(v) for v in sys.argv[2].split(",")], int(sys.argv[3]))
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]  # {index} in the path
+    main(sys.argv[1].format(index=index), [int(v) for v in sys.argv[2].split(",")],
+         int(sys.argv[3]))  # fmt: skip

@@ -26,25 +26,37 @@ def _free_ports(n):
     return ports
 
 
-def test_two_workers_equal_union_batch(tmp_path):
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+def run_workers(cmd, cwd, count=2, timeout=300, env=None):
+    """Runs `cmd` as `count` MultiWorkerMirrored workers on loopback (TF_CONFIG per process);
+    returns each worker's stdout, after asserting that all exited 0."""
+    workers = [f"127.0.0.1:{p}" for p in _free_ports(count)]
     procs = []
-    for index in range(2):
-        env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-        env["TF_CONFIG"] = json.dumps(
+    for index in range(count):
+        worker_env = dict(os.environ, **(env or {}), CUDA_VISIBLE_DEVICES="")
+        worker_env["TF_CONFIG"] = json.dumps(
             {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         )
-        cmd = [sys.executable, "-m", "tests.training.mwms_worker", str(tmp_path / f"w{index}.npz")]
-        cmd += [",".join(map(str, SIZES)), "3"]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen([*cmd], cwd=cwd, env=worker_env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    outputs = []
     for proc in procs:
         try:
-            _, err = proc.communicate(timeout=240)
+            out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             for p in procs:
                 p.kill()
             raise
         assert proc.returncode == 0, err[-3000:]
+        outputs.append(out)
+    return outputs
+
+
+def test_two_workers_equal_union_batch(tmp_path):
+    run_workers(
+        [sys.executable, "-m", "tests.training.mwms_worker", str(tmp_path / "w{index}.npz"),
+         ",".join(map(str, SIZES)), "3"],
+        cwd=ROOT, env={"PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
     results = [np.load(tmp_path / f"w{i}.npz") for i in range(2)]
     n_vars = sum(1 for k in results[0].files if k.startswith("final_"))
     initial = [results[0][f"initial_{i}"] for i in range(n_vars)]

@@ -2,7 +2,6 @@
 from a mid-epoch checkpoint — also after a real SIGKILL — ends with the same weights."""
 
 import io
-import json
 import os
 import shutil
 import signal
@@ -269,7 +268,7 @@ def test_two_worker_training_equals_one_process_with_the_same_global_batches(wor
     holds data.batch_seconds per replica and is split between the workers. One process with
     twice the micro-batch reads the same global micro-batches, so (dropout off) both must end
     with the same weights; only the chief keeps checkpoints, logs and TensorBoard."""
-    from tests.training.test_multi_worker import _free_ports
+    from tests.training.test_multi_worker import run_workers
 
     asrkit = Path(sys.executable).parent / "asrkit"
     common = ["--config", "conf.yaml", "--set", "train.epochs=1", "--set", "data.dev_shards=",
@@ -282,27 +281,11 @@ def test_two_worker_training_equals_one_process_with_the_same_global_batches(wor
     )  # fmt: skip
     assert single.returncode == 0, single.stderr[-3000:]
 
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
-    procs = []
-    for index in range(2):
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-        env["TF_CONFIG"] = json.dumps(
-            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        )
-        cmd = [asrkit, "train", *common, "--exp-dir", str(tmp_path / "multi"),
-               "--set", "train.strategy=multiworker"]  # fmt: skip
-        procs.append(subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
-    outputs = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        assert proc.returncode == 0, err[-3000:]
-        outputs.append(out)
+    outputs = run_workers(
+        [asrkit, "train", *common, "--exp-dir", str(tmp_path / "multi"),
+         "--set", "train.strategy=multiworker"],
+        cwd=workdir,
+    )  # fmt: skip
     assert "x 2 replica(s)" in outputs[0] and "model:" not in outputs[1]  # chief logs
     assert not list((tmp_path / "multi").glob(".worker-*"))  # scratch removed
     (multi,) = CheckpointManager(tmp_path / "multi" / "checkpoints").checkpoints()
