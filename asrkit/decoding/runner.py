@@ -200,7 +200,7 @@ def load_experiment(exp_dir: str | Path, checkpoint: str | None = None, average:
     from asrkit.training.checkpoints import (
         assign_weights,
         average_checkpoints,
-        list_checkpoints,
+        last_checkpoints,
         restore,
     )
     from asrkit.training.trainer import build_model
@@ -213,17 +213,11 @@ def load_experiment(exp_dir: str | Path, checkpoint: str | None = None, average:
     if checkpoint:
         restore(model, checkpoint, with_optimizer=False)
         return model, config, tokenizer
-    found = list_checkpoints(exp_dir / "checkpoints")
-    if not found:
-        raise FileNotFoundError(f"{exp_dir}/checkpoints: no checkpoint to decode with")
-    if average > len(found):
-        raise ValueError(
-            f"{exp_dir}/checkpoints: {len(found)} checkpoint(s), cannot average {average}"
-        )
-    if average <= 1:
-        restore(model, found[-1], with_optimizer=False)
+    found = last_checkpoints(exp_dir / "checkpoints", max(average, 1))
+    if len(found) == 1:
+        restore(model, found[0], with_optimizer=False)
     else:
-        assign_weights(model, average_checkpoints(found[-average:]))
+        assign_weights(model, average_checkpoints(found))
     return model, config, tokenizer
 
 

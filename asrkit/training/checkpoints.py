@@ -64,19 +64,27 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
+def last_checkpoints(directory: str | os.PathLike, n: int) -> list[Path]:
+    """The newest `n` complete checkpoints of a directory, oldest first; an error that says
+    why when there are not that many."""
+    if n < 1:
+        raise ValueError(f"the number of checkpoints must be >= 1, got {n}")
+    found = list_checkpoints(directory)
+    if not found:
+        raise FileNotFoundError(f"{directory}: no checkpoint")
+    if len(found) < n:
+        raise ValueError(
+            f"{directory}: {len(found)} checkpoint(s), cannot average the last {n} "
+            "(train.keep_checkpoints limits how many are kept)"
+        )
+    return found[-n:]
+
+
 def average_last(exp_dir: str | os.PathLike, last: int, out: str | os.PathLike | None = None):
     """Averages an experiment's last `last` checkpoints into `out` (default
     `<exp_dir>/averaged/last<N>-<final checkpoint>`); returns (path, sources)."""
     exp_dir = Path(exp_dir)
-    found = list_checkpoints(exp_dir / "checkpoints")
-    if last < 1:
-        raise ValueError(f"--last must be >= 1, got {last}")
-    if len(found) < last:
-        raise ValueError(
-            f"{exp_dir}/checkpoints: {len(found)} checkpoint(s), cannot average the last {last} "
-            "(train.keep_checkpoints limits how many are kept)"
-        )
-    sources = found[-last:]
+    sources = last_checkpoints(exp_dir / "checkpoints", last)
     state = TrainState(**json.loads((sources[-1] / "state.json").read_text()))
     out = Path(out) if out else exp_dir / "averaged" / f"last{last}-{sources[-1].name}"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -107,8 +115,7 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> list[np.ndarray]:
     readers = [tf.train.load_checkpoint(str(Path(p) / "ckpt")) for p in paths]
     keys = _variable_keys(readers[-1])
     for path, reader in zip(paths, readers, strict=True):
-        missing = set(keys) - set(_variable_keys(reader))
-        if missing or len(_variable_keys(reader)) != len(keys):
+        if _variable_keys(reader) != keys:
             raise ValueError(f"{path}: its variables differ from {paths[-1]}'s (another model?)")
     values = []
     for key in keys:

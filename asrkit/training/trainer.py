@@ -266,8 +266,9 @@ def _init_from(model, path: str, log) -> None:
     """Fine-tuning: weights from a checkpoint dir or an experiment dir (its latest); fresh
     optimizer; variables whose shape changed (a new tokenizer) keep their initialisation."""
     path = Path(path)
-    if (path / "checkpoints").is_dir():
-        path = CheckpointManager(path / "checkpoints").latest() or path
+    if (path / "checkpoints").is_dir():  # read-only: never sweep another run's directory
+        found = list_checkpoints(path / "checkpoints")
+        path = found[-1] if found else path
     report = load_matching_weights(model, path)
     log(f"initialised {len(report.loaded)} variables from {path} (fresh optimizer)")
     for name, why in report.skipped:
