@@ -139,15 +139,23 @@ def _shard_batches(
 def _manifest_batches(
     manifest, features: FeatureConfig, normalize, batch_seconds: float
 ) -> Iterator[_Batch]:
-    utterances = sorted(read_manifest(manifest), key=lambda u: u.duration)
-    group: list = []
-    for utt in [*utterances, None]:
-        if group and (utt is None or (len(group) + 1) * utt.duration > batch_seconds):
-            items = [(u.id, u.audio_path, u.text) for u in group]
-            yield _featurise(items, features, normalize)
+    utterances = read_manifest(manifest)
+    for group in _by_budget(utterances, [u.duration for u in utterances], batch_seconds):
+        yield _featurise([(u.id, u.audio_path, u.text) for u in group], features, normalize)
+
+
+def _by_budget(items: list, durations: list[float], budget: float) -> Iterator[list]:
+    """Items shortest first, in groups whose padded audio (size x longest) stays within
+    `budget` seconds (a longer item alone forms its own group)."""
+    order = sorted(range(len(items)), key=lambda i: durations[i])
+    group: list[int] = []
+    for i in order:
+        if group and (len(group) + 1) * durations[i] > budget:
+            yield [items[j] for j in group]
             group = []
-        if utt is not None:
-            group.append(utt)
+        group.append(i)
+    if group:
+        yield [items[j] for j in group]
 
 
 def _featurise(utterances, config: FeatureConfig, normalize) -> _Batch:
@@ -177,21 +185,15 @@ def transcribe_files(
     batch_seconds: float | None = None,
 ) -> list[tuple[str, Hypothesis]]:
     """(path, best hypothesis) for each audio file, in the order given."""
-    durations = {str(p): audio_info(p).duration for p in paths}
-    order = sorted(durations, key=durations.get)
+    paths = [str(p) for p in paths]
+    durations = [audio_info(p).duration for p in paths]
     normalize = normalizer_for(config)
-    budget = batch_seconds or config.data.batch_seconds
     found: dict[str, Hypothesis] = {}
-    group: list[str] = []
-    for path in [*order, None]:
-        if group and (path is None or (len(group) + 1) * durations[path] > budget):
-            batch = _featurise([(p, p, "") for p in group], config.features, normalize)
-            hyps = decode_batch(model, batch.features, batch.feature_lengths, tokenizer, options)
-            found.update(zip(group, hyps, strict=True))
-            group = []
-        if path is not None:
-            group.append(path)
-    return [(str(p), found[str(p)]) for p in paths]
+    for group in _by_budget(paths, durations, batch_seconds or config.data.batch_seconds):
+        batch = _featurise([(p, p, "") for p in group], config.features, normalize)
+        hyps = decode_batch(model, batch.features, batch.feature_lengths, tokenizer, options)
+        found.update(zip(group, hyps, strict=True))
+    return [(p, found[p]) for p in paths]
 
 
 def load_experiment(exp_dir: str | Path, checkpoint: str | None = None, average: int = 1):
