@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from asrkit.cli.options import add_search_arguments, add_weights_arguments, search_options
+
 
 def register(subparsers) -> None:
     decode = subparsers.add_parser(
@@ -15,12 +17,8 @@ def register(subparsers) -> None:
     source = decode.add_mutually_exclusive_group(required=True)
     source.add_argument("--shards", help="directory of *.tfrecord shards (asrkit features extract)")
     source.add_argument("--manifest", help="JSONL manifest (audio is read and featurised here)")
-    decode.add_argument("--method", choices=("greedy", "beam"), default="greedy")
-    decode.add_argument("--beam", type=int, default=4, help="beam size (--method beam)")
-    weights = decode.add_mutually_exclusive_group()
-    weights.add_argument("--checkpoint", help="checkpoint directory (default: the latest)")
-    weights.add_argument("--average", type=int, default=1, metavar="N",
-                         help="average the last N checkpoints")  # fmt: skip
+    add_search_arguments(decode)
+    add_weights_arguments(decode)
     decode.add_argument("--worst", type=int, default=10, help="worst utterances to list")
     decode.add_argument("--out", help="directory for hypotheses and the report")
     decode.set_defaults(func=run)
@@ -33,11 +31,10 @@ def run(args: argparse.Namespace) -> int:
         load_experiment,
         normalizer_for,
     )
-    from asrkit.decoding.search import DecodeOptions
     from asrkit.training.trainer import pipeline_config
 
     model, config, tokenizer = load_experiment(args.exp_dir, args.checkpoint, args.average)
-    options = DecodeOptions(args.method, args.beam, config.train.max_symbols_per_step)
+    options = search_options(args, config.train.max_symbols_per_step)
     if args.shards:
         report = decode_shards(
             model, args.shards, tokenizer, pipeline_config(config), normalizer_for(config),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from asrkit.cli.options import add_search_arguments, add_weights_arguments, search_options
+
 
 def register(subparsers) -> None:
     transcribe = subparsers.add_parser("transcribe", help="transcribe audio files")
@@ -11,10 +13,10 @@ def register(subparsers) -> None:
     source = transcribe.add_mutually_exclusive_group(required=True)
     source.add_argument("--exp-dir", help="a trained experiment")
     source.add_argument("--model", help="a SavedModel from `asrkit export`")
-    transcribe.add_argument("--method", choices=("greedy", "beam"), default="greedy",
-                            help="with --exp-dir (an exported model decodes greedily)")  # fmt: skip
-    transcribe.add_argument("--beam", type=int, default=4)
-    transcribe.add_argument("--average", type=int, default=1, metavar="N")
+    add_search_arguments(
+        transcribe, help="with --exp-dir (an exported model runs the search built into it)"
+    )
+    add_weights_arguments(transcribe, checkpoint=False)
     transcribe.set_defaults(func=run)
 
 
@@ -32,10 +34,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _with_experiment(args):
     from asrkit.decoding.runner import load_experiment, transcribe_files
-    from asrkit.decoding.search import DecodeOptions
 
     model, config, tokenizer = load_experiment(args.exp_dir, average=args.average)
-    options = DecodeOptions(args.method, args.beam, config.train.max_symbols_per_step)
+    options = search_options(args, config.train.max_symbols_per_step)
     found = transcribe_files(model, args.files, tokenizer, config, options)
     return [(path, hyp.text) for path, hyp in found]
 
