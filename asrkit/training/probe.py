@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from asrkit.data.pipeline import bucket_index
 from asrkit.features import encoder_frames
 
 
@@ -41,7 +42,7 @@ def largest_micro_batch(frames, tokens, plan, replicas: int = 1) -> ProbeShape:
     """The bucket plan's most memory-hungry micro-batch, per replica."""
     frames, tokens = np.asarray(frames), np.asarray(tokens)
     boundaries, sizes = plan
-    buckets = np.searchsorted(np.asarray(boundaries), frames, side="right")
+    buckets = bucket_index(frames, boundaries)
     best = None
     for index, (boundary, size) in enumerate(zip(boundaries, sizes, strict=True)):
         members = buckets == index

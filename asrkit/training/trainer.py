@@ -22,7 +22,13 @@ import tensorflow as tf
 
 from asrkit import __version__
 from asrkit.config import ExperimentConfig, dump_config
-from asrkit.data.pipeline import PipelineConfig, bucket_plan, enough_frames, make_dataset
+from asrkit.data.pipeline import (
+    PipelineConfig,
+    bucket_index,
+    bucket_plan,
+    enough_frames,
+    make_dataset,
+)
 from asrkit.data.records import shard_counts
 from asrkit.decoding.runner import decode_shards, normalizer_for
 from asrkit.decoding.search import DecodeOptions
@@ -257,7 +263,7 @@ def _silent(*_args) -> None:
 
 def _micro_batches(lengths: np.ndarray, plan) -> int:
     boundaries, sizes = plan
-    buckets = np.searchsorted(np.asarray(boundaries), lengths, side="right")
+    buckets = bucket_index(lengths, boundaries)
     counts = np.bincount(buckets, minlength=len(boundaries) + 1)
     return int(sum(math.ceil(c / s) for c, s in zip(counts, [*sizes, 1], strict=True)))
 
