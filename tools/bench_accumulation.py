@@ -1,6 +1,6 @@
 """Benchmark the accumulation engine: overhead, memory, and exactness against Keras' own.
 
-Prints three tables:
+Prints four tables:
 1. time per micro-batch with N=8 vs N=1 on a frame-wise MLP "encoder" of ~2.6 M parameters;
 2. extra peak process memory of micro-batch B with N=8, batch B with N=1 and batch 8B with
    N=1 (VmHWM above the resident size once the model, optimizer and engine exist and one
@@ -8,9 +8,12 @@ Prints three tables:
    memory is seen, one malloc arena; minimum of 3 runs, since allocator noise only adds);
 3. on one device with variable-length micro-batches, the max weight deviation from the
    large-batch reference after one epoch, for asrkit and for Keras' built-in
-   `gradient_accumulation_steps` (which averages per-micro-batch means).
+   `gradient_accumulation_steps` (which averages per-micro-batch means);
+4. time per micro-batch under MirroredStrategy over 2 logical CPUs, with and without XLA
+   micro-steps (same model and data as table 1, N=8).
 
     python tools/bench_accumulation.py [--batch 16] [--frames 200] [--micro-batches 32]
+                                       [--tables 1,2,3,4]
 """
 
 from __future__ import annotations
@@ -62,14 +65,36 @@ def _frames_dataset(count: int, batch: int, frames: int, seed: int = 0):
     return tf.data.Dataset.from_tensor_slices((x, lengths))
 
 
-def run_config(batch: int, steps: int, frames: int, micro_batches: int, measure: str) -> dict:
-    import keras
+def run_config(
+    batch: int,
+    steps: int,
+    frames: int,
+    micro_batches: int,
+    measure: str,
+    mirrored: bool = False,
+    jit_compile: bool = False,
+) -> dict:
+    import contextlib
 
+    import keras
+    import tensorflow as tf
+
+    scope = contextlib.nullcontext()
+    if mirrored:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+        )
+        devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+        scope = tf.distribute.MirroredStrategy(devices).scope()
     keras.utils.set_random_seed(0)
-    model = _encoder_model()
-    model.compile(keras.optimizers.AdamW(1e-4), accumulation_steps=steps)
     data = _frames_dataset(micro_batches, batch, frames)
-    model.build_engine(next(iter(data)))
+    with scope:
+        model = _encoder_model()
+        model.compile(
+            keras.optimizers.AdamW(1e-4), accumulation_steps=steps, jit_compile=jit_compile
+        )
+        model.build_engine(next(iter(data)))
     params = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
     model.fit(data.take(steps * 2), verbose=0)  # warm-up: tracing
     if measure == "memory":
@@ -176,8 +201,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="micro-batch size B")
     parser.add_argument("--frames", type=int, default=200)
     parser.add_argument("--micro-batches", type=int, default=32)
+    parser.add_argument("--tables", default="1,2,3,4", help="which tables to print")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    tables = {int(t) for t in args.tables.split(",")}
     if args.child:
         spec = json.loads(args.child)
         if spec["kind"] == "exactness":
@@ -187,6 +214,17 @@ def main() -> None:
         return
 
     b, n, t, m = args.batch, 8, args.frames, args.micro_batches
+    if 1 in tables:
+        _timing_table(b, n, t, m)
+    if 2 in tables:
+        _memory_table(b, n, t, m)
+    if 3 in tables:
+        _exactness_table()
+    if 4 in tables:
+        _mirrored_table(b, n, t, m)
+
+
+def _timing_table(b, n, t, m):
     print(f"1. time per micro-batch (B={b}, T={t}, {m} micro-batches, median of 3 epochs)")
     timing = {}
     for steps in (1, n):
@@ -196,6 +234,8 @@ def main() -> None:
     overhead = timing[n]["s_per_micro_batch"] / timing[1]["s_per_micro_batch"] - 1
     print(f"   params {timing[1]['params']:,}; overhead of N={n}: {overhead * 100:+.1f} %")
 
+
+def _memory_table(b, n, t, m):
     print("2. extra peak process memory (min of 3 runs)")
     memory = {}
     env = {"TF_ENABLE_ONEDNN_OPTS": "0", "MALLOC_ARENA_MAX": "1"}
@@ -215,12 +255,25 @@ def main() -> None:
     ratio = memory[f"B={b}, N={n}"]["extra_mib"] / memory[f"B={b}, N=1"]["extra_mib"]
     print(f"   B with N={n} vs B with N=1: {ratio:.2f}x")
 
+
+def _exactness_table():
     print("3. max |w - w_ref| after one epoch of variable-size micro-batches (SGD, N=4)")
     result = _child({"kind": "exactness"}, {})
     print(
         f"   asrkit: {result['asrkit']:.2e}   keras gradient_accumulation_steps: "
         f"{result['keras']:.2e}   (largest weight change {result['update']:.2e})"
     )
+
+
+def _mirrored_table(b, n, t, m):
+    print(f"4. MirroredStrategy, 2 logical CPUs: time per micro-batch (B={b} global, N={n})")
+    mirrored = {}
+    for jit in (False, True):
+        config = dict(batch=b, steps=n, frames=t, micro_batches=m, measure="time",
+                      mirrored=True, jit_compile=jit)  # fmt: skip
+        mirrored[jit] = _child({"kind": "run", "config": config}, {})["s_per_micro_batch"]
+        print(f"   jit_compile={jit!s:5}: {mirrored[jit] * 1e3:8.2f} ms", flush=True)
+    print(f"   XLA vs plain: {mirrored[True] / mirrored[False]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -107,7 +107,6 @@ class AccumulatingModel(keras.Model):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._loss_tracker = WindowMean(name="loss")  # evaluate(): Σ loss / Σ count
         self._engine = None
 
     def compute_loss_terms(self, data, training: bool = True) -> tuple[tf.Tensor, tf.Tensor]:
@@ -147,6 +146,10 @@ class AccumulatingModel(keras.Model):
             run_eagerly=run_eagerly,
             auto_scale_loss=False,
         )
+        # Keras' compile installs a plain Mean as the loss tracker; evaluate() needs
+        # Σ loss_sum / Σ count (the normaliser the updates use). Set without Keras'
+        # attribute tracking, like the Mean it replaces: a metric, not a model variable.
+        object.__setattr__(self, "_loss_tracker", WindowMean(name="loss"))
 
     @property
     def accumulation(self) -> AccumulationSettings:
@@ -264,7 +267,7 @@ class AccumulatingModel(keras.Model):
         """
         micro_step = self._micro_step
         if self._accumulation.jit_compile:
-            micro_step = tf.function(micro_step, jit_compile=True, reduce_retracing=True)
+            micro_step = _per_replica_compiled(micro_step)
         self.distribute_strategy.run(micro_step, args=(next(iterator),))
 
     def _reduce_function(self) -> _WindowStats:
@@ -393,6 +396,29 @@ def _gradients_already_reduced(optimizer):
         yield
     finally:
         del optimizer._all_reduce_sum_gradients
+
+
+def _per_replica_compiled(fn):
+    """`fn` XLA-compiled once per replica, each compilation bound to its own replica.
+
+    A traced function captures the variable handles it touches. Under MirroredStrategy a
+    replica reads its own component of every variable, so one compiled function shared by
+    all replicas would hold replica 0's handles and be asked, from replica 1's device, to
+    update them — XLA refuses a resource on another device. One `tf.function` per replica
+    id means each is traced inside its own replica and captures only that replica's
+    variables (one compile per replica device, the same as XLA needs anyway).
+    """
+    compiled: dict[int, tf.types.experimental.GenericFunction] = {}
+
+    def run(*args):
+        replica = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
+        if replica is None:
+            raise RuntimeError("jit_compile: the replica id is not known while tracing")
+        if int(replica) not in compiled:
+            compiled[int(replica)] = tf.function(fn, jit_compile=True, reduce_retracing=True)
+        return compiled[int(replica)](*args)
+
+    return run
 
 
 def _first_element(data):

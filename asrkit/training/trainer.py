@@ -57,7 +57,11 @@ class TrainResult:
 
 def resolve_strategy(name: str) -> tf.distribute.Strategy:
     if name == "mirrored":
-        return tf.distribute.MirroredStrategy()
+        # Every GPU; without GPUs, every logical CPU (one unless the process configured
+        # more, as the tests do to emulate several devices).
+        gpus = tf.config.list_logical_devices("GPU")
+        devices = gpus or tf.config.list_logical_devices("CPU")
+        return tf.distribute.MirroredStrategy([d.name for d in devices])
     if name == "multiworker":
         return tf.distribute.MultiWorkerMirroredStrategy()
     gpus = tf.config.list_logical_devices("GPU")

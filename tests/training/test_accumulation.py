@@ -194,6 +194,55 @@ def test_jit_compile_equals_union_batch():
     assert_weights_close(weights(model), want)
 
 
+JIT_MIRRORED = {
+    "momentum": (lambda: keras.optimizers.SGD(0.1, momentum=0.9), None),
+    "adamw_schedule_clip": (
+        lambda: keras.optimizers.AdamW(
+            keras.optimizers.schedules.PiecewiseConstantDecay([1, 2], [0.05, 0.02, 0.01]),
+            weight_decay=0.1,
+        ),
+        0.5,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(JIT_MIRRORED))
+def test_jit_compile_under_mirrored_equals_union_batch(mirrored, name):
+    """Each replica's XLA micro-step touches only its own device's variables."""
+    make_optimizer, clip = JIT_MIRRORED[name]
+    batches = make_batches(SIZES)  # unequal, odd and a global batch of 1
+    with mirrored.scope():
+        optimizer = make_optimizer()
+    model, initial, history = train(
+        batches, optimizer, steps=3, strategy=mirrored, jit_compile=True, clip_global_norm=clip
+    )
+    want, _ = reference_run(initial, windows_of(batches, 3), make_optimizer(), clip=clip)
+    assert_weights_close(weights(model), want)
+    assert int(model.optimizer.iterations.numpy()) == 3
+    if clip is not None:
+        assert history.history["grad_norm"][0] > clip  # the clip did bind in the last window
+
+
+def test_jit_compile_under_mirrored_skips_a_window_with_inf_on_replica_one(mirrored):
+    batches = make_batches(SIZES)
+    x, y, tokens = batches[4]
+    x = x.copy()
+    x[-1, 0] = np.inf  # last item of the global batch: lands on replica 1 only
+    batches[4] = (x, y, tokens)
+    with mirrored.scope():
+        optimizer = keras.optimizers.AdamW(0.05, weight_decay=0.1)
+    model, initial, history = train(
+        batches, optimizer, steps=3, strategy=mirrored, jit_compile=True, clip_global_norm=0.5
+    )
+    want, ref_opt = reference_run(
+        initial, windows_of(batches, 3), keras.optimizers.AdamW(0.05, weight_decay=0.1),
+        clip=0.5, skip={1},
+    )  # fmt: skip
+    assert_weights_close(weights(model), want)
+    assert int(model.optimizer.iterations.numpy()) == 2 == int(ref_opt.iterations.numpy())
+    assert history.history["skipped_windows"][0] == 1
+
+
 def test_checkpoint_restore_continues_exactly(tmp_path):
     batches = make_batches([3, 5, 2, 7, 4, 1])
     full, initial, _ = train(batches, keras.optimizers.Adam(0.05), steps=2, epochs=2)
@@ -238,3 +287,43 @@ def test_cosine_schedule_warms_up_then_decays_to_the_floor():
     assert lr(60) == pytest.approx(2.0 * halfway, rel=1e-6)
     assert lr(110) == pytest.approx(0.2, rel=1e-6)
     assert lr(500) == pytest.approx(0.2, rel=1e-6)
+
+
+def _numpy_window_loss(model, batches):
+    """Σ tokens·err² / Σ tokens over every batch, computed in NumPy from the weights."""
+    (k1, b1), (k2, b2) = [(layer.kernel.numpy(), layer.bias.numpy()) for layer in model.layers]
+    total = count = 0.0
+    for x, y, tokens in batches:
+        pred = (np.tanh(x.astype(np.float64) @ k1 + b1) @ k2 + b2)[:, 0]
+        total += float(np.sum(tokens * np.square(pred - y)))
+        count += float(np.sum(tokens))
+    return total / count
+
+
+@pytest.mark.parametrize("distributed", [False, True])
+def test_evaluate_reports_the_count_normalised_loss(mirrored, distributed):
+    batches = make_batches([4, 3, 5, 1, 4], seed=5)
+    strategy = mirrored if distributed else tf.distribute.get_strategy()
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1)
+    model, _, _ = train(batches, optimizer, steps=2, strategy=strategy)
+    want = _numpy_window_loss(model, batches)
+    assert want > 0.1
+    result = model.evaluate(make_dataset(batches), verbose=0, return_dict=True)
+    assert result["loss"] == pytest.approx(want, rel=1e-5)
+    assert [m.name for m in model.metrics].count("loss") == 1
+
+
+def test_fit_validation_loss_equals_a_separate_evaluate():
+    train_batches, val_batches = make_batches(SIZES, seed=1), make_batches([3, 4, 2], seed=9)
+    keras.utils.set_random_seed(1)
+    model = TokenRegressor()
+    model.compile(keras.optimizers.SGD(0.1), accumulation_steps=3)
+    model.build_engine(train_batches[0])
+    history = model.fit(
+        make_dataset(train_batches), validation_data=make_dataset(val_batches), verbose=0
+    )
+    want = _numpy_window_loss(model, val_batches)
+    assert history.history["val_loss"][0] == pytest.approx(want, rel=1e-5)
+    separate = model.evaluate(make_dataset(val_batches), verbose=0, return_dict=True)["loss"]
+    assert separate == pytest.approx(want, rel=1e-5)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import pytest
 
 from tests.training.toy import assert_weights_close, make_batches, reference_run, windows_of
 
@@ -51,10 +52,11 @@ def run_workers(cmd, cwd, count=2, timeout=300, env=None):
     return outputs
 
 
-def test_two_workers_equal_union_batch(tmp_path):
+@pytest.mark.parametrize("jit", [False, True])
+def test_two_workers_equal_union_batch(tmp_path, jit):
     run_workers(
         [sys.executable, "-m", "tests.training.mwms_worker", str(tmp_path / "w{index}.npz"),
-         ",".join(map(str, SIZES)), "3"],
+         ",".join(map(str, SIZES)), "3", *(["jit"] if jit else [])],
         cwd=ROOT, env={"PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     results = [np.load(tmp_path / f"w{i}.npz") for i in range(2)]

@@ -263,6 +263,37 @@ def test_mixed_precision_training_runs_and_stays_finite(workdir, precision):
     assert result.state.updates > 0
 
 
+@pytest.mark.slow
+def test_jit_compile_under_mirrored_trains_like_without(workdir):
+    """`train.jit_compile=true, train.strategy=mirrored` on 2 logical CPUs: one update per
+    window as without XLA (dropout off, same data): the same weights to float tolerance."""
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    common = ["train.epochs=1", "data.dev_shards=null", "train.strategy=mirrored",
+              "model.encoder.dropout=0", "model.predictor.dropout=0", "data.spec_augment=false",
+              "train.checkpoint_every=0", "train.probe_memory=false"]  # fmt: skip
+    lines = []
+    try:
+        results = {
+            jit: train(
+                load_config(workdir / "conf.yaml", [*common, f"train.jit_compile={jit}"]),
+                workdir / f"exp_jit_{jit}", log=lines.append,
+            )  # fmt: skip
+            for jit in ("false", "true")
+        }
+    finally:
+        os.chdir(cwd)
+    assert sum("x 2 replica(s)" in line for line in lines) == 2, lines
+    assert results["true"].state.updates == results["false"].state.updates > 0
+    (plain,) = CheckpointManager(workdir / "exp_jit_false" / "checkpoints").checkpoints()
+    (jit,) = CheckpointManager(workdir / "exp_jit_true" / "checkpoints").checkpoints()
+    got, want = _weights(jit), _weights(plain)
+    model_keys = [k for k in want if k.startswith("variables/")]
+    assert model_keys and set(got) == set(want)
+    for key in model_keys:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
+
+
 def test_two_worker_training_equals_one_process_with_the_same_global_batches(workdir, tmp_path):
     """`asrkit train` as 2 MultiWorkerMirrored processes on loopback: each global micro-batch
     holds data.batch_seconds per replica and is split between the workers. One process with
