@@ -274,13 +274,10 @@ def test_jit_compile_under_mirrored_trains_like_without(workdir):
               "train.checkpoint_every=0", "train.probe_memory=false"]  # fmt: skip
     lines = []
     try:
-        results = {
-            jit: train(
-                load_config(workdir / "conf.yaml", [*common, f"train.jit_compile={jit}"]),
-                workdir / f"exp_jit_{jit}", log=lines.append,
-            )  # fmt: skip
-            for jit in ("false", "true")
-        }
+        results = {}
+        for jit in ("false", "true"):
+            config = load_config(workdir / "conf.yaml", [*common, f"train.jit_compile={jit}"])
+            results[jit] = train(config, workdir / f"exp_jit_{jit}", log=lines.append)
     finally:
         os.chdir(cwd)
     assert sum("x 2 replica(s)" in line for line in lines) == 2, lines
