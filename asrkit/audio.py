@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import soundfile
 
+from asrkit.errors import UserError
+
 SAMPLE_RATE = 16_000
 
 
@@ -22,7 +24,7 @@ class AudioInfo:
         return self.num_samples / self.sample_rate
 
 
-class AudioError(ValueError):
+class AudioError(UserError, ValueError):
     """Audio that cannot be used: unreadable, corrupt, or in an unexpected format."""
 
 

@@ -15,6 +15,23 @@ from dataclasses import dataclass
 
 import yaml
 
+from asrkit.errors import UserError
+
+
+def _at_least(config, section: str, **minimums) -> None:
+    """Range checks that name the key: each field must be >= its minimum."""
+    for key, low in minimums.items():
+        value = getattr(config, key)
+        if value is not None and value < low:
+            raise ValueError(f"{section}.{key} must be >= {low}, got {value}")
+
+
+def _positive(config, section: str, *keys) -> None:
+    for key in keys:
+        value = getattr(config, key)
+        if value is not None and not value > 0:
+            raise ValueError(f"{section}.{key} must be > 0, got {value}")
+
 
 @dataclass(frozen=True)
 class FeatureConfig:
@@ -59,6 +76,10 @@ class EncoderConfig:
     def __post_init__(self):
         if self.kind not in ENCODERS:
             raise ValueError(f"model.encoder.kind must be one of {ENCODERS}, got {self.kind!r}")
+        _at_least(self, "model.encoder", d_model=1, num_blocks=1, num_heads=1, kernel_size=1,
+                  subsampling_filters=1, lstm_units=1, lstm_layers=1)  # fmt: skip
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"model.encoder.dropout must be in [0, 1), got {self.dropout}")
 
 
 @dataclass(frozen=True)
@@ -67,6 +88,11 @@ class PredictorConfig:
     units: int = 320
     num_layers: int = 1
     dropout: float = 0.1
+
+    def __post_init__(self):
+        _at_least(self, "model.predictor", embed_dim=1, units=1, num_layers=1)
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"model.predictor.dropout must be in [0, 1), got {self.dropout}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +103,7 @@ class ModelConfig:
     normalize_by: str = "tokens"  # tokens | utterances: what the loss is averaged over
 
     def __post_init__(self):
+        _at_least(self, "model", joint_dim=1)
         if self.normalize_by not in NORMALIZERS:
             raise ValueError(
                 f"model.normalize_by must be one of {NORMALIZERS}, got {self.normalize_by!r}"
@@ -99,6 +126,10 @@ class DataConfig:
     shuffle_buffer: int = 2048
     spec_augment: bool = True
 
+    def __post_init__(self):
+        _positive(self, "data", "batch_seconds")
+        _at_least(self, "data", num_buckets=1, shuffle_buffer=1)
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -118,13 +149,17 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 200  # updates
     keep_checkpoints: int = 3
-    max_symbols_per_step: int = 3
     jit_compile: bool = False
     max_consecutive_skips: int = 25
     freeze_encoder: int = 0  # fine-tuning: 0 none, -1 the whole encoder, n its first n layers
     probe_memory: bool = True  # one pass on the largest micro-batch before training starts
 
     def __post_init__(self):
+        _at_least(self, "train", epochs=1, accumulation_steps=1, warmup_updates=0,
+                  checkpoint_every=0, keep_checkpoints=1, max_consecutive_skips=0,
+                  freeze_encoder=-1)  # fmt: skip
+        _positive(self, "train", "effective_batch_seconds", "learning_rate", "clip_global_norm")
+        _at_least(self, "train", weight_decay=0.0, final_lr_ratio=0.0)
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {PRECISIONS}: {self.precision!r}")
         if self.schedule not in SCHEDULES:
@@ -134,14 +169,29 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class DecodeConfig:
+    """Search settings an experiment decodes with by default (dev WER, decode, export)."""
+
+    max_symbols_per_step: int = 3  # per encoder frame; 1 = k2's modified beam search
+
+    def __post_init__(self):
+        _at_least(self, "decode", max_symbols_per_step=1)
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
     features: FeatureConfig = FeatureConfig()
+    decode: DecodeConfig = DecodeConfig()
 
 
-class ConfigError(ValueError):
+# Keys that moved between sections: a config naming the old place gets told the new one.
+MOVED_KEYS = {"train.max_symbols_per_step": "decode.max_symbols_per_step"}
+
+
+class ConfigError(UserError, ValueError):
     """A configuration that cannot be used; the message names the key and section."""
 
 
@@ -153,6 +203,9 @@ def build_config(cls, data: dict, section: str = ""):
     names = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in names:
+            path = f"{section}.{key}" if section else key
+            if path in MOVED_KEYS:
+                raise ConfigError(f"'{path}' is now '{MOVED_KEYS[path]}'; rename it")
             where = f"section '{section}'" if section else "the top level"
             raise ConfigError(f"unknown key '{key}' in {where} (known: {sorted(names)})")
     values = {}
@@ -205,8 +258,13 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> ExperimentConfig:
     data = {}
     if path is not None:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: no such config file") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({err})") from None
     try:
         return build_config(ExperimentConfig, apply_overrides(data, list(overrides)))
     except ConfigError as err:

@@ -16,8 +16,8 @@ import keras
 import tensorflow as tf
 
 from asrkit import __version__
-from asrkit.decoding.runner import load_experiment, normalizer_for
 from asrkit.decoding.search import DecodeOptions, describe, search
+from asrkit.experiment import load_experiment
 from asrkit.features import MIN_FEATURE_FRAMES, log_mel
 
 
@@ -31,9 +31,10 @@ def export_model(
     """Writes the SavedModel of an experiment's checkpoint (or the average of its last
     `average` checkpoints) to `out`, with an `asrkit_export.json` describing it. `options`:
     the search built into the graph (default: greedy with the experiment's symbols limit)."""
-    model, config, tokenizer = load_experiment(exp_dir, checkpoint, average)
-    options = options or DecodeOptions(max_symbols_per_step=config.train.max_symbols_per_step)
-    normalizer = normalizer_for(config)
+    experiment = load_experiment(exp_dir, checkpoint, average)
+    model, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
+    options = options or DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
+    normalizer = experiment.normalizer
     features = config.features
     pieces = tf.constant(tokenizer.surface_pieces())
     mean = tf.constant(normalizer.mean if normalizer else 0.0, tf.float32)

@@ -10,11 +10,16 @@ returns without end padding (tested against the actual output).
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import numpy as np
 import tensorflow as tf
 
 from asrkit.audio import resample
 from asrkit.config import FeatureConfig
+from asrkit.errors import InputError
 
 DEFAULT_FEATURES = FeatureConfig()
 
@@ -123,3 +128,25 @@ class GlobalNormalizer:
     @classmethod
     def from_dict(cls, data: dict) -> GlobalNormalizer:
         return cls(np.array(data["mean"]), np.array(data["std"]))
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_dict()) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> GlobalNormalizer:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: CMVN statistics missing (asrkit features cmvn)")
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError) as err:
+            raise InputError(f"{path}: not CMVN statistics ({err})") from None
+
+    @property
+    def num_mel_bins(self) -> int:
+        return int(self.mean.shape[0])
+
+
+def normalizer_for(cmvn: str | os.PathLike | None) -> GlobalNormalizer | None:
+    """The global normaliser a config's `data.cmvn` names (None: features unnormalised)."""
+    return GlobalNormalizer.load(cmvn) if cmvn else None

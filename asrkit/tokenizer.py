@@ -7,11 +7,14 @@ and `vocab_size` is the joint network's V.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from asrkit.errors import InputError
 
 BLANK_ID = 0
 BLANK_PIECE = "<blank>"
@@ -29,6 +32,7 @@ class TokenizerSettings:
 
 class Tokenizer:
     def __init__(self, model_path: str | os.PathLike, settings: TokenizerSettings):
+        self.model_path = Path(model_path)
         import sentencepiece
 
         self._sp = sentencepiece.SentencePieceProcessor(model_file=str(model_path))
@@ -48,6 +52,11 @@ class Tokenizer:
             )
         settings = TokenizerSettings(**json.loads(settings_path.read_text()))
         return cls(directory / "tokenizer.model", settings)
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of the SentencePiece model (its bytes), recorded with shards."""
+        return hashlib.sha256(self.model_path.read_bytes()).hexdigest()[:16]
 
     @property
     def vocab_size(self) -> int:
@@ -98,7 +107,7 @@ def train_tokenizer(
     out_dir.mkdir(parents=True, exist_ok=True)
     texts = [t.lower() for t in texts if t.strip()]
     if not texts:
-        raise ValueError("train_tokenizer: no text to train on")
+        raise InputError("train_tokenizer: no text to train on (are the manifests empty?)")
     try:
         sentencepiece.SentencePieceTrainer.train(
             sentence_iterator=iter(texts),
@@ -115,7 +124,7 @@ def train_tokenizer(
             minloglevel=2,
         )
     except RuntimeError as err:
-        raise ValueError(f"train_tokenizer: sentencepiece refused the settings: {err}") from None
+        raise InputError(f"train_tokenizer: sentencepiece refused the settings: {err}") from None
     settings = TokenizerSettings(vocab_size=vocab_size, model_type=model_type)
     (out_dir / "tokenizer.json").write_text(json.dumps(asdict(settings), indent=2) + "\n")
     (out_dir / "tokenizer.vocab").unlink(missing_ok=True)

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from asrkit.audio import read_audio
+from asrkit.checkpoints import CheckpointManager, TrainState
 from asrkit.config import DataConfig, ExperimentConfig, dump_config
 from asrkit.data.librispeech import prepare_librispeech
 from asrkit.data.manifest import read_manifest
-from asrkit.decoding.runner import decode_manifest, dummy_batch, load_experiment, transcribe_files
+from asrkit.decoding.runner import decode_manifest, transcribe_files
+from asrkit.experiment import adopt_assets, build_network, load_experiment
 from asrkit.export import export_model
 from asrkit.features import GlobalNormalizer, log_mel
 from asrkit.tokenizer import train_tokenizer
-from asrkit.training.checkpoints import CheckpointManager, TrainState
-from asrkit.training.trainer import build_model
 from tests.tiny import tiny_model_config
 
 REAL = Path(__file__).parent / "data" / "realspeech"
@@ -65,13 +65,12 @@ def experiment(tmp_path_factory):
     )  # fmt: skip
     exp = work / "exp"
     exp.mkdir()
-    (exp / "config.yaml").write_text(dump_config(config))
+    (exp / "config.yaml").write_text(dump_config(adopt_assets(config, exp)))  # as training does
     keras.utils.set_random_seed(3)
-    model = build_model(config, tokenizer.vocab_size, steps=1)
-    model.build_engine(dummy_batch(80))
-    bias = model.joint.output_layer.bias
+    network = build_network(config, tokenizer.vocab_size)
+    bias = network.joint.output_layer.bias
     bias.assign(bias.numpy() + np.r_[-3.0, np.zeros(tokenizer.vocab_size - 1)])
-    CheckpointManager(exp / "checkpoints").save(model, TrainState(1, 0, 1))
+    CheckpointManager(exp / "checkpoints").save(network, TrainState(1, 0, 1))
     return work, exp, utts
 
 
@@ -87,10 +86,11 @@ def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp
     assert served.returncode == 0, served.stderr[-3000:]
     exported = json.loads(served.stdout.strip().splitlines()[-1])
 
-    model, config, tokenizer = load_experiment(exp)
+    loaded = load_experiment(exp)
+    model, config, tokenizer = loaded.network, loaded.config, loaded.tokenizer
     report = decode_manifest(model, work / "data" / "test-real.jsonl", tokenizer, config)
     decoded = {u.id: u.hypothesis for u in report.utterances}
-    transcribed = dict(transcribe_files(model, paths, tokenizer, config))
+    transcribed = _by_path(transcribe_files(model, paths, tokenizer, config))
     assert sum(len(v["tokens"]) for v in exported.values()) > 50
     for utt in utts:
         assert exported[utt.audio_path]["text"] == decoded[utt.id]
@@ -123,13 +123,18 @@ def test_exported_beam_search_matches_beam_decoding(experiment, tmp_path):
     out = export_model(exp, tmp_path / "beam", options=options)
     assert "beam 4" in json.loads((out / "asrkit_export.json").read_text())["decoding"]
     serve = tf.saved_model.load(str(out)).signatures["serving_default"]
-    model, config, tokenizer = load_experiment(exp)
+    loaded = load_experiment(exp)
+    model, config, tokenizer = loaded.network, loaded.config, loaded.tokenizer
     paths = [u.audio_path for u in utts[:3]]
-    expected = dict(transcribe_files(model, paths, tokenizer, config, options))
-    greedy = dict(transcribe_files(model, paths, tokenizer, config))
+    expected = _by_path(transcribe_files(model, paths, tokenizer, config, options))
+    greedy = _by_path(transcribe_files(model, paths, tokenizer, config))
     assert any(expected[p].tokens != greedy[p].tokens for p in paths)  # beam is not greedy here
     for path in paths:
         result = serve(waveform=tf.constant(read_audio(path)))
         assert result["tokens"].numpy().tolist() == expected[path].tokens
         assert result["text"].numpy().decode() == expected[path].text
         assert float(result["score"]) == pytest.approx(expected[path].score, rel=1e-4)
+
+
+def _by_path(transcripts):
+    return {t.path: t.hypothesis for t in transcripts}

@@ -34,7 +34,7 @@ def main() -> None:
     from asrkit.export import export_model
 
     model, config, tokenizer = load_experiment(args.exp_dir, average=args.average)
-    s = config.train.max_symbols_per_step
+    s = config.decode.max_symbols_per_step
     methods = [("greedy", DecodeOptions("greedy", max_symbols_per_step=s))]
     methods += [(f"beam {b}", DecodeOptions("beam", int(b), s)) for b in args.beams.split(",")]
     print(f"{args.manifest}, weights: average of the last {args.average} checkpoint(s)")

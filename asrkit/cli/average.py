@@ -14,11 +14,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrkit.training.checkpoints import average_last
+    from asrkit.checkpoints import average_last
 
-    try:
-        out, sources = average_last(args.exp_dir, args.last, args.out)
-    except ValueError as err:
-        raise SystemExit(f"asrkit average: {err}") from None
-    print(f"averaged {', '.join(p.name for p in sources)} (float64) -> {out}")
+    averaged = average_last(args.exp_dir, args.last, args.out)
+    names = ", ".join(p.name for p in averaged.sources)
+    print(f"averaged {names} (float64) -> {averaged.path}")
     return 0

@@ -25,27 +25,24 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrkit.decoding.runner import (
-        decode_manifest,
-        decode_shards,
-        load_experiment,
-        normalizer_for,
-    )
-    from asrkit.training.trainer import pipeline_config
+    from asrkit.data.pipeline import pipeline_config
+    from asrkit.data.records import check_shards
+    from asrkit.decoding.runner import decode_manifest, decode_shards
+    from asrkit.experiment import load_experiment
 
-    model, config, tokenizer = load_experiment(args.exp_dir, args.checkpoint, args.average)
-    options = search_options(args, config.train.max_symbols_per_step)
+    experiment = load_experiment(args.exp_dir, args.checkpoint, args.average)
+    network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
+    options = search_options(args, config.decode.max_symbols_per_step)
     if args.shards:
+        check_shards(args.shards, config, tokenizer)
         report = decode_shards(
-            model, args.shards, tokenizer, pipeline_config(config), normalizer_for(config),
+            network, args.shards, tokenizer, pipeline_config(config), experiment.normalizer,
             options, config.features.num_mel_bins,
         )  # fmt: skip
     else:
-        report = decode_manifest(model, args.manifest, tokenizer, config, options)
+        report = decode_manifest(network, args.manifest, tokenizer, config, options)
     r = report.rates
-    weights = args.checkpoint or (
-        f"average of last {args.average}" if args.average > 1 else "latest"
-    )
+    weights = experiment.weights
     method = f"beam {args.beam}" if args.method == "beam" else "greedy"
     summary = (
         f"{args.shards or args.manifest}: {method}, weights {weights}: WER {r.wer * 100:.2f} % "

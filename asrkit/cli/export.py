@@ -17,11 +17,11 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrkit.config import load_config
     from asrkit.decoding.search import describe
+    from asrkit.experiment import load_experiment_config
     from asrkit.export import export_model
 
-    symbols = load_config(f"{args.exp_dir}/config.yaml").train.max_symbols_per_step
+    symbols = load_experiment_config(args.exp_dir).decode.max_symbols_per_step
     options = search_options(args, symbols)
     out = export_model(args.exp_dir, args.out, args.checkpoint, args.average, options)
     print(f"SavedModel -> {out} (serving_default: waveform -> text, tokens, score; "

@@ -1,10 +1,11 @@
-"""`asrkit features extract` (TFRecord shards) and `asrkit features cmvn` (global statistics)."""
+"""`asrkit features extract` (TFRecord shards) and `asrkit features cmvn` (global statistics).
+
+Both take the feature settings from the training YAML's `features:` section (`--config`,
+as `asrkit train` does), so shards, statistics, training and serving agree."""
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -17,24 +18,45 @@ def register(subparsers) -> None:
     extract.add_argument("--shards", type=int, default=8)
     extract.add_argument("--speeds", default="1.0", help="speed factors, e.g. 0.9,1.0,1.1")
     extract.add_argument("--workers", type=int, default=2)
+    add_config_arguments(extract)
     extract.set_defaults(func=run_extract)
     cmvn = actions.add_parser("cmvn", help="per-bin mean/std over shards -> JSON")
     cmvn.add_argument("--shards", required=True, help="directory of *.tfrecord shards")
     cmvn.add_argument("--out", required=True, help="JSON file to write")
+    add_config_arguments(cmvn)
     cmvn.set_defaults(func=run_cmvn)
+
+
+def add_config_arguments(parser) -> None:
+    parser.add_argument("--config", help="YAML config whose features: section to use")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="e.g. features.num_mel_bins=64")  # fmt: skip
+
+
+def _features(args):
+    from asrkit.config import load_config
+
+    return load_config(args.config, args.overrides).features
 
 
 def run_extract(args: argparse.Namespace) -> int:
     from asrkit.data.records import write_shards
+    from asrkit.errors import InputError
     from asrkit.tokenizer import Tokenizer
 
-    speeds = tuple(float(s) for s in args.speeds.split(","))
+    try:
+        speeds = tuple(float(s) for s in args.speeds.split(","))
+    except ValueError:
+        raise InputError(
+            f"--speeds: expected numbers like 0.9,1.0,1.1, got {args.speeds!r}"
+        ) from None
     summary = write_shards(
         args.manifest,
         Tokenizer.load(args.tokenizer),
         args.out,
         num_shards=args.shards,
         speeds=speeds,
+        config=_features(args),
         workers=args.workers,
     )
     print(
@@ -46,16 +68,11 @@ def run_extract(args: argparse.Namespace) -> int:
 
 
 def run_cmvn(args: argparse.Namespace) -> int:
-    import tensorflow as tf
-
-    from asrkit.data.records import parse_example
+    from asrkit.data.records import shard_features
     from asrkit.features import GlobalNormalizer
 
-    files = sorted(str(p) for p in Path(args.shards).glob("*.tfrecord"))
-    if not files:
-        raise SystemExit(f"asrkit features cmvn: no *.tfrecord under {args.shards}")
-    records = tf.data.TFRecordDataset(files).map(lambda r: parse_example(r, 80)["features"])
-    stats = GlobalNormalizer.fit(f.numpy() for f in records)
-    Path(args.out).write_text(json.dumps(stats.to_dict()) + "\n")
+    features = _features(args)
+    files, frames = shard_features(args.shards, features)
+    GlobalNormalizer.fit(f.numpy() for f in frames).save(args.out)
     print(f"cmvn statistics over {len(files)} shard(s) -> {args.out}")
     return 0

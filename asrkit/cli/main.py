@@ -1,4 +1,11 @@
-"""`asrkit` command: a registry of subcommands, each a thin wrapper around a library call."""
+"""`asrkit` command: a registry of subcommands, each a thin wrapper around a library call.
+
+User errors (`asrkit.errors.UserError`, and a file or directory that is missing or cannot
+be read) become one line `asrkit <command>: error: ...` on stderr and exit code 2; anything
+else is a bug and keeps its traceback. TensorFlow's start-up chatter (oneDNN notices, CUDA
+probing, CPU-feature lines) is silenced before TensorFlow is imported, unless `--verbose`
+or ASRKIT_VERBOSE=1.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from asrkit.cli import (
     transcribe,
     verify,
 )
+from asrkit.errors import UserError
 
 # Each subcommand module exposes `register(subparsers)`; its parser sets `func`.
 SUBCOMMANDS = (
@@ -31,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="asrkit", description="RNN-Transducer speech recognition on TensorFlow / Keras 3"
     )
     parser.add_argument("--version", action="version", version=f"asrkit {__version__}")
+    parser.add_argument("--verbose", action="store_true", help="show TensorFlow's own logging")
+    parser.add_argument("--debug", action="store_true", help="tracebacks for every error")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.register(subparsers)
@@ -38,13 +48,59 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
     parser = build_parser()
     args = parser.parse_args(argv)
+    quiet_tensorflow(verbose=args.verbose or os.environ.get("ASRKIT_VERBOSE") == "1")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    command = " ".join(p for p in (args.command, getattr(args, "action", None)) if p)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"asrkit {command}: interrupted", file=sys.stderr)
+        return 130
+    except (UserError, OSError) as err:
+        if args.debug or not _is_user_error(err):
+            raise
+        print(f"asrkit {command}: error: {_describe(err)}", file=sys.stderr)
+        return 2
+
+
+def quiet_tensorflow(verbose: bool) -> None:
+    """Imports TensorFlow with its start-up chatter silenced (unless `verbose`).
+
+    TF 2.21's native libraries log through absl before any log level applies (the
+    "All log messages before absl::InitializeLog()" notice, oneDNN, CUDA probing), so the
+    import runs with file descriptor 2 pointed at /dev/null; a failing import still raises
+    its Python exception. After it, TF_CPP_MIN_LOG_LEVEL keeps later INFO/WARNING quiet.
+    """
+    if verbose or "tensorflow" in sys.modules:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        sys.stderr.flush()
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+_USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
+                   FileExistsError)  # fmt: skip
+
+
+def _is_user_error(err: BaseException) -> bool:
+    return isinstance(err, (UserError, *_USER_OS_ERRORS)) or getattr(err, "errno", None) == 28
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.filename and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    return str(err).strip() or type(err).__name__
 
 
 def train_alias(argv: list[str] | None = None) -> int:

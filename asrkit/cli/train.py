@@ -16,14 +16,19 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrkit.config import ConfigError, load_config
+    from asrkit.config import load_config
     from asrkit.training.trainer import train
 
-    try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as err:
-        raise SystemExit(f"asrkit train: {err}") from None
+    config = load_config(args.config, args.overrides)
     result = train(config, args.exp_dir, init_from=args.init_from)
+    if result.stopped_by:
+        where = result.checkpoint.name if result.checkpoint else "no new checkpoint"
+        print(
+            f"stopped by {result.stopped_by} after {result.state.updates} updates "
+            f"(epoch {result.state.epoch + 1}, {result.state.micro_batches} micro-batches "
+            f"in): {where} written; rerun the same command to resume"
+        )
+        return 0
     wer = "n/a" if result.dev_wer is None else f"{result.dev_wer * 100:.2f} %"
     print(
         f"done: {result.state.updates} updates, {result.state.epoch} epochs, dev WER {wer}, "

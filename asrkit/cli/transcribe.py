@@ -21,24 +21,21 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrkit.audio import AudioError
-
-    try:
-        lines = _with_model(args) if args.model else _with_experiment(args)
-    except AudioError as err:
-        raise SystemExit(f"asrkit transcribe: {err}") from None
+    lines = _with_model(args) if args.model else _with_experiment(args)
     for path, text in lines:
         print(f"{path}\t{text}")
     return 0
 
 
 def _with_experiment(args):
-    from asrkit.decoding.runner import load_experiment, transcribe_files
+    from asrkit.decoding.runner import transcribe_files
+    from asrkit.experiment import load_experiment
 
-    model, config, tokenizer = load_experiment(args.exp_dir, average=args.average)
-    options = search_options(args, config.train.max_symbols_per_step)
-    found = transcribe_files(model, args.files, tokenizer, config, options)
-    return [(path, hyp.text) for path, hyp in found]
+    experiment = load_experiment(args.exp_dir, average=args.average)
+    config = experiment.config
+    options = search_options(args, config.decode.max_symbols_per_step)
+    found = transcribe_files(experiment.network, args.files, experiment.tokenizer, config, options)
+    return [(t.path, t.hypothesis.text) for t in found]
 
 
 def _with_model(args):

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from asrkit.errors import UserError
+
 
 @dataclass(frozen=True)
 class Utterance:
@@ -27,7 +29,7 @@ class Utterance:
 _FIELDS = {"id": str, "audio_path": str, "duration": (int, float), "text": str, "speaker": str}
 
 
-class ManifestError(ValueError):
+class ManifestError(UserError, ValueError):
     """A manifest line that does not describe a valid utterance."""
 
 

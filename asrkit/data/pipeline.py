@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from asrkit.config import ExperimentConfig
 from asrkit.data.records import parse_example
 from asrkit.features import encoder_frames
 
@@ -45,6 +46,19 @@ class PipelineConfig:
     shuffle_buffer: int = 2048
     frame_step_seconds: float = 0.01
     spec_augment: SpecAugmentConfig | None = field(default_factory=SpecAugmentConfig)
+
+
+def pipeline_config(config: ExperimentConfig, replicas: int = 1) -> PipelineConfig:
+    """The input pipeline a config describes; a global micro-batch holds
+    `data.batch_seconds` per replica."""
+    d = config.data
+    return PipelineConfig(
+        batch_seconds=d.batch_seconds * replicas,
+        num_buckets=d.num_buckets,
+        shuffle_buffer=d.shuffle_buffer,
+        frame_step_seconds=config.features.frame_step / config.features.sample_rate,
+        **({} if d.spec_augment else {"spec_augment": None}),
+    )
 
 
 def bucket_plan(frame_lengths, config: PipelineConfig) -> tuple[list[int], list[int]]:
@@ -135,7 +149,8 @@ def make_dataset(
     dataset = dataset.interleave(
         tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=1, deterministic=True
     )
-    dataset = dataset.map(lambda r: parse_example(r, num_mel_bins))
+    # The transcript is for scoring (decoding), not training: dropped before shuffling.
+    dataset = dataset.map(lambda r: _without_text(parse_example(r, num_mel_bins)))
     dataset = dataset.filter(lambda e: keep_example(e))
     if training:
         dataset = dataset.shuffle(
@@ -170,6 +185,10 @@ def make_dataset(
     if skip_batches:
         dataset = dataset.skip(skip_batches)
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _without_text(example: dict) -> dict:
+    return {key: value for key, value in example.items() if key != "text"}
 
 
 def _pad_to_bucket(batch: dict, boundaries: list[int]) -> Batch:

@@ -1,13 +1,19 @@
 """Features and token ids as sharded TFRecords, so training reads with native TF ops only.
 
 Each record: `id` (bytes), `features` (serialized float32 [T, F]), `labels` (int64 [U]),
+`text` (the transcript, what decoding scores against: token ids can map pieces to unknown),
 `duration` (float, seconds after speed perturbation). Shards are written by parallel
 threads (TF's kernels release the GIL), each to a temporary file renamed when complete:
 a rerun skips the shards that exist, so an interrupted extraction resumes.
+
+`shards.json` beside them records a fingerprint (the feature settings, the tokenizer's
+identity and the speed factors); training, decoding and a rerun of extraction refuse
+shards whose fingerprint does not match what they would use, naming what differs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +24,9 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.audio import read_audio
-from asrkit.config import FeatureConfig
+from asrkit.config import ExperimentConfig, FeatureConfig
 from asrkit.data.manifest import Utterance, read_manifest
+from asrkit.errors import UserError
 from asrkit.features import log_mel, perturb_speed
 from asrkit.progress import progress
 from asrkit.tokenizer import Tokenizer
@@ -33,8 +40,15 @@ class ShardSummary:
     skipped_existing: int
 
 
-def serialize_example(utt_id: str, features: np.ndarray, labels: list[int], duration: float):
+class ShardMismatch(UserError, ValueError):
+    """Shards made with other settings than the ones about to use them."""
+
+
+def serialize_example(
+    utt_id: str, features: np.ndarray, labels: list[int], duration: float, text: str = ""
+):
     feature = {
+        "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()])),
         "id": tf.train.Feature(bytes_list=tf.train.BytesList(value=[utt_id.encode()])),
         "features": tf.train.Feature(
             bytes_list=tf.train.BytesList(
@@ -53,6 +67,7 @@ def parse_example(record: tf.Tensor, num_mel_bins: int) -> dict:
         "features": tf.io.FixedLenFeature([], tf.string),
         "labels": tf.io.VarLenFeature(tf.int64),
         "duration": tf.io.FixedLenFeature([], tf.float32),
+        "text": tf.io.FixedLenFeature([], tf.string, default_value=""),
     }
     parsed = tf.io.parse_single_example(record, spec)
     features = tf.io.parse_tensor(parsed["features"], tf.float32)
@@ -65,6 +80,7 @@ def parse_example(record: tf.Tensor, num_mel_bins: int) -> dict:
         "labels": labels,
         "label_lengths": tf.shape(labels)[0],
         "duration": parsed["duration"],
+        "text": parsed["text"],
     }
 
 
@@ -80,6 +96,8 @@ def write_shards(
 ) -> ShardSummary:
     """Extracts features for every utterance (× every speed factor) into `num_shards` files."""
     out_dir = Path(out_dir)
+    fingerprint = shard_fingerprint(config, tokenizer, speeds)
+    _refuse_other_settings(out_dir, fingerprint)
     out_dir.mkdir(parents=True, exist_ok=True)
     utterances = read_manifest(manifest)
     items = [(u, s) for u in utterances for s in speeds]
@@ -95,7 +113,7 @@ def write_shards(
                 feats, duration = _features(utt, speed, config)
                 utt_id = utt.id if speed == 1.0 else f"sp{speed}-{utt.id}"
                 ids = tokenizer.encode(utt.text)
-                writer.write(serialize_example(utt_id, feats, ids, duration))
+                writer.write(serialize_example(utt_id, feats, ids, duration, utt.text))
                 lengths.append(len(feats))
                 tokens.append(len(ids))
         # Frame and token counts beside each shard: planning need not parse the features.
@@ -114,9 +132,92 @@ def write_shards(
         frames=sum(f for _, f in done),
         skipped_existing=num_shards - len(todo),
     )
-    index = {"manifest": str(manifest), "speeds": list(speeds), "num_shards": num_shards}
+    index = {"manifest": str(manifest), "num_shards": num_shards, "fingerprint": fingerprint}
     (out_dir / "shards.json").write_text(json.dumps(index, indent=2) + "\n")
     return summary
+
+
+def shard_fingerprint(
+    features: FeatureConfig, tokenizer: Tokenizer, speeds: tuple[float, ...] = (1.0,)
+) -> dict:
+    """What makes shards fit a model: feature settings, tokenizer identity, speed factors."""
+    return {
+        "features": dataclasses.asdict(features),
+        "tokenizer": tokenizer.fingerprint,
+        "vocab_size": tokenizer.vocab_size,
+        "speeds": [float(s) for s in speeds],
+    }
+
+
+def _differences(recorded: dict, wanted: dict, speeds: bool = False) -> list[str]:
+    out = []
+    for key in ("features", "tokenizer", "vocab_size", *(("speeds",) if speeds else ())):
+        old, new = recorded.get(key), wanted.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            out += [f"{key}.{k} {old.get(k)} != {v}" for k, v in new.items() if old.get(k) != v]
+        elif old != new:
+            out.append(f"{key} {old} != {new}")
+    return out
+
+
+def _refuse_other_settings(out_dir: Path, fingerprint: dict) -> None:
+    """A rerun of extraction may only complete shards made with the same settings."""
+    index = out_dir / "shards.json"
+    if not any(out_dir.glob("*.tfrecord")):
+        return
+    recorded = json.loads(index.read_text()).get("fingerprint") if index.exists() else None
+    differences = _differences(recorded, fingerprint, speeds=True) if recorded else ["none"]
+    if differences:
+        raise ShardMismatch(
+            f"{out_dir}: holds shards made with other settings ({'; '.join(differences)}); "
+            "delete the directory or choose another --out"
+        )
+
+
+def check_shards(
+    shard_dir: str | os.PathLike, config: ExperimentConfig, tokenizer: Tokenizer
+) -> None:
+    """Refuses shards whose fingerprint does not match the config's features and the
+    tokenizer (`ShardMismatch` naming what differs and what to do)."""
+    index = Path(shard_dir) / "shards.json"
+    if not index.exists():
+        raise FileNotFoundError(
+            f"{index}: missing (not a shard directory, or made by asrkit 0.1; run "
+            "`asrkit features extract`)"
+        )
+    recorded = json.loads(index.read_text()).get("fingerprint")
+    if recorded is None:
+        raise ShardMismatch(
+            f"{shard_dir}: made by asrkit 0.1 (no fingerprint, no transcripts); re-run "
+            "`asrkit features extract` into a new directory"
+        )
+    differences = _differences(recorded, shard_fingerprint(config.features, tokenizer))
+    if differences:
+        raise ShardMismatch(
+            f"{shard_dir}: made with other settings than this run uses "
+            f"({'; '.join(differences)}); re-extract with `asrkit features extract --config` "
+            "and this config's tokenizer"
+        )
+
+
+def shard_features(shard_dir: str | os.PathLike, features: FeatureConfig):
+    """(files, a dataset of every record's [T, F] features) after checking that the shards
+    were made with these feature settings."""
+    index = Path(shard_dir) / "shards.json"
+    recorded = json.loads(index.read_text()).get("fingerprint") if index.exists() else None
+    if recorded is None:
+        raise FileNotFoundError(f"{index}: missing (run `asrkit features extract` first)")
+    wanted = {"features": dataclasses.asdict(features)}
+    differences = _differences({"features": recorded["features"]}, wanted)
+    if differences:
+        raise ShardMismatch(
+            f"{shard_dir}: made with other feature settings ({'; '.join(differences)}); pass "
+            "the --config the shards were extracted with"
+        )
+    files, _ = shard_lengths(shard_dir)
+    bins = features.num_mel_bins
+    dataset = tf.data.TFRecordDataset(files).map(lambda r: parse_example(r, bins)["features"])
+    return files, dataset
 
 
 def shard_lengths(shard_dir: str | os.PathLike) -> tuple[list[str], np.ndarray]:

@@ -1,14 +1,13 @@
 """Decoding whole test sets with a trained experiment: load, decode, score.
 
 Two sources of utterances: TFRecord shards from `asrkit features extract` (references are
-the shards' token ids turned back into text) or a JSONL manifest (audio is read and
-featurised here; references are the manifest's text). Both are decoded in batches sorted
+the transcripts stored in the shards) or a JSONL manifest (audio is read and featurised
+here; references are the manifest's text). Both are decoded in batches sorted
 by length, nothing is filtered out: every utterance is decoded and scored.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,12 +17,13 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.audio import audio_info, read_audio
-from asrkit.config import ExperimentConfig, FeatureConfig, load_config
+from asrkit.config import ExperimentConfig, FeatureConfig
 from asrkit.data.manifest import read_manifest
 from asrkit.data.pipeline import PipelineConfig, bucket_plan
 from asrkit.data.records import parse_example, shard_lengths
 from asrkit.decoding.search import DEFAULT_OPTIONS, DecodeOptions, Hypothesis, decode_batch
-from asrkit.features import MIN_FEATURE_FRAMES, GlobalNormalizer, log_mel
+from asrkit.errors import InputError
+from asrkit.features import MIN_FEATURE_FRAMES, log_mel, normalizer_for
 from asrkit.metrics import ErrorRates, error_rates, word_errors
 from asrkit.tokenizer import Tokenizer
 
@@ -64,12 +64,6 @@ class _Batch:
     audio_seconds: float
 
 
-def normalizer_for(config: ExperimentConfig) -> GlobalNormalizer | None:
-    if not config.data.cmvn:
-        return None
-    return GlobalNormalizer.from_dict(json.loads(Path(config.data.cmvn).read_text()))
-
-
 def decode_shards(
     model,
     shard_dir: str | Path,
@@ -79,7 +73,7 @@ def decode_shards(
     options: DecodeOptions = DEFAULT_OPTIONS,
     num_mel_bins: int = 80,
 ) -> DecodeReport:
-    batches = _shard_batches(shard_dir, tokenizer, pipe, normalize, num_mel_bins)
+    batches = _shard_batches(shard_dir, pipe, normalize, num_mel_bins)
     return _decode(model, batches, tokenizer, options)
 
 
@@ -91,7 +85,7 @@ def decode_manifest(
     options: DecodeOptions = DEFAULT_OPTIONS,
 ) -> DecodeReport:
     batches = _manifest_batches(
-        manifest, config.features, normalizer_for(config), config.data.batch_seconds
+        manifest, config.features, normalizer_for(config.data.cmvn), config.data.batch_seconds
     )
     return _decode(model, batches, tokenizer, options)
 
@@ -107,13 +101,13 @@ def _decode(model, batches, tokenizer: Tokenizer, options: DecodeOptions) -> Dec
         seconds += batch.audio_seconds
     elapsed = time.monotonic() - start
     if not results:
-        raise ValueError("nothing to decode: no utterances")
+        raise InputError("nothing to decode: no utterances")
     rates = error_rates([r.reference for r in results], [r.hypothesis for r in results])
     return DecodeReport(results, rates, seconds, elapsed)
 
 
 def _shard_batches(
-    shard_dir, tokenizer, pipe: PipelineConfig, normalize, num_mel_bins: int
+    shard_dir, pipe: PipelineConfig, normalize, num_mel_bins: int
 ) -> Iterator[_Batch]:
     files, lengths = shard_lengths(shard_dir)
     boundaries, sizes = bucket_plan(lengths, pipe)
@@ -124,14 +118,11 @@ def _shard_batches(
         lambda e: e["feature_lengths"], boundaries, [*sizes, 1], drop_remainder=False
     )
     for batch in dataset.prefetch(2):
-        labels, label_lengths = batch["labels"].numpy(), batch["label_lengths"].numpy()
         yield _Batch(
             ids=[i.decode() for i in batch["id"].numpy()],
             features=batch["features"],
             feature_lengths=batch["feature_lengths"],
-            references=[
-                tokenizer.decode(row[:n]) for row, n in zip(labels, label_lengths, strict=True)
-            ],
+            references=[t.decode() for t in batch["text"].numpy()],
             audio_seconds=float(np.sum(batch["duration"].numpy())),
         )
 
@@ -176,6 +167,12 @@ def _featurise(utterances, config: FeatureConfig, normalize) -> _Batch:
     return _Batch(list(ids), padded, lengths, list(refs), seconds)
 
 
+@dataclass(frozen=True)
+class Transcript:
+    path: str
+    hypothesis: Hypothesis
+
+
 def transcribe_files(
     model,
     paths: list[str | Path],
@@ -183,51 +180,14 @@ def transcribe_files(
     config: ExperimentConfig,
     options: DecodeOptions = DEFAULT_OPTIONS,
     batch_seconds: float | None = None,
-) -> list[tuple[str, Hypothesis]]:
-    """(path, best hypothesis) for each audio file, in the order given."""
+) -> list[Transcript]:
+    """The best hypothesis for each audio file, in the order given."""
     paths = [str(p) for p in paths]
     durations = [audio_info(p).duration for p in paths]
-    normalize = normalizer_for(config)
+    normalize = normalizer_for(config.data.cmvn)
     found: dict[str, Hypothesis] = {}
     for group in _by_budget(paths, durations, batch_seconds or config.data.batch_seconds):
         batch = _featurise([(p, p, "") for p in group], config.features, normalize)
         hyps = decode_batch(model, batch.features, batch.feature_lengths, tokenizer, options)
         found.update(zip(group, hyps, strict=True))
-    return [(p, found[p]) for p in paths]
-
-
-def load_experiment(exp_dir: str | Path, checkpoint: str | None = None, average: int = 1):
-    """(model, config, tokenizer) of an experiment. Weights: `checkpoint` if given, else the
-    average of the last `average` checkpoints (1: the latest)."""
-    from asrkit.training.checkpoints import (
-        assign_weights,
-        average_checkpoints,
-        last_checkpoints,
-        restore,
-    )
-    from asrkit.training.trainer import build_model
-
-    exp_dir = Path(exp_dir)
-    config = load_config(exp_dir / "config.yaml")
-    tokenizer = Tokenizer.load(config.data.tokenizer)
-    model = build_model(config, tokenizer.vocab_size, steps=1)
-    model.build_engine(dummy_batch(config.features.num_mel_bins))
-    if checkpoint:
-        restore(model, checkpoint, with_optimizer=False)
-        return model, config, tokenizer
-    found = last_checkpoints(exp_dir / "checkpoints", max(average, 1))
-    if len(found) == 1:
-        restore(model, found[0], with_optimizer=False)
-    else:
-        assign_weights(model, average_checkpoints(found))
-    return model, config, tokenizer
-
-
-def dummy_batch(num_mel_bins: int):
-    """A one-utterance batch that builds every layer of a transducer."""
-    return (
-        np.zeros((1, 64, num_mel_bins), np.float32),
-        np.array([64], np.int32),
-        np.ones((1, 1), np.int32),
-        np.array([1], np.int32),
-    )
+    return [Transcript(p, found[p]) for p in paths]

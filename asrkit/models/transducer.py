@@ -1,8 +1,9 @@
-"""The RNN-Transducer: encoder + predictor + joint, trained by the accumulation engine.
+"""The transducer *network*: encoder + predictor + joint, a plain Keras model.
 
-Decoders use only `encode`, `predict`/`predictor.step` and `join`. `compute_loss_terms`
-returns (Σ per-utterance RNN-T losses, count) with the count set by `normalize_by`:
-tokens (Σ label_lengths) or utterances.
+Like a keras-hub Backbone, it knows nothing of losses or optimizers: decoding, export and
+fine-tuning build and load it alone. Training wraps it in `asrkit.training.task.
+TransducerTask`, which owns the loss and the accumulation engine. Decoders use only
+`encode`, `predict`/`predictor.step` and `join`.
 """
 
 from __future__ import annotations
@@ -10,16 +11,13 @@ from __future__ import annotations
 import dataclasses
 
 import keras
-import tensorflow as tf
+import numpy as np
 
 from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
-from asrkit.losses import rnnt_loss
 from asrkit.models.conformer import ConformerEncoder
 from asrkit.models.joint import Joint
 from asrkit.models.lstm_encoder import LSTMEncoder
 from asrkit.models.predictor import LSTMPredictor
-from asrkit.tokenizer import BLANK_ID
-from asrkit.training.accumulation import AccumulatingModel
 
 
 def build_encoder(config: EncoderConfig):
@@ -35,7 +33,7 @@ def build_encoder(config: EncoderConfig):
 
 
 @keras.saving.register_keras_serializable(package="asrkit")
-class Transducer(AccumulatingModel):
+class Transducer(keras.Model):
     def __init__(self, vocab_size: int, config: ModelConfig | dict | None = None, **kwargs):
         super().__init__(**kwargs)
         if config is None:
@@ -62,20 +60,14 @@ class Transducer(AccumulatingModel):
         return self.joint(encoded, predicted)
 
     def call(self, batch, training=False):
-        """logits [B, T', U+1, V] for a `Batch` (features, feature_lengths, labels, ...)."""
+        """logits [B, T', U+1, V] for (features, feature_lengths, labels, ...)."""
         encoded, _ = self.encode(batch[0], batch[1], training=training)
         return self.join(encoded, self.predict(batch[2], training=training))
 
-    def compute_loss_terms(self, data, training=True):
-        features, feature_lengths, labels, label_lengths = data[:4]
-        encoded, encoder_lengths = self.encode(features, feature_lengths, training=training)
-        logits = self.join(encoded, self.predict(labels, training=training))
-        losses = rnnt_loss(logits, labels, encoder_lengths, label_lengths, blank=BLANK_ID)
-        if self.config.normalize_by == "tokens":
-            count = tf.reduce_sum(label_lengths)
-        else:
-            count = tf.shape(label_lengths)[0]
-        return tf.reduce_sum(losses), count
+    def build_from_features(self, num_mel_bins: int) -> None:
+        """Creates every variable with one tiny forward pass (no optimizer involved)."""
+        if not self.built:
+            self(dummy_batch(num_mel_bins), training=False)
 
     def get_config(self):
         return {
@@ -83,6 +75,17 @@ class Transducer(AccumulatingModel):
             "vocab_size": self.vocab_size,
             "config": dataclasses.asdict(self.config),
         }
+
+
+def dummy_batch(num_mel_bins: int):
+    """A one-utterance (features, feature_lengths, labels, label_lengths) that builds every
+    layer of a transducer."""
+    return (
+        np.zeros((1, 64, num_mel_bins), np.float32),
+        np.array([64], np.int32),
+        np.ones((1, 1), np.int32),
+        np.array([1], np.int32),
+    )
 
 
 def model_config_from_dict(data: dict) -> ModelConfig:

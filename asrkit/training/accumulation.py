@@ -129,8 +129,8 @@ class AccumulatingModel(keras.Model):
         if clip_global_norm is not None and not clip_global_norm > 0:
             raise ValueError(f"clip_global_norm must be > 0 or None, got {clip_global_norm}")
         optimizer = keras.optimizers.get(optimizer)
-        policy = keras.mixed_precision.dtype_policy().name
-        inner, loss_scale = unwrap_optimizer(optimizer, policy)
+        # The model's own policy (fixed when it was built), not whatever the global one is now.
+        inner, loss_scale = unwrap_optimizer(optimizer, self.dtype_policy.name)
         self._accumulation = AccumulationSettings(
             steps=int(accumulation_steps),
             clip_global_norm=None if clip_global_norm is None else float(clip_global_norm),

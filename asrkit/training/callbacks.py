@@ -1,5 +1,6 @@
 """The training loop's callback: progress (a bar on a terminal, log lines otherwise),
-TensorBoard scalars, and checkpoints every K updates."""
+TensorBoard scalars, checkpoints every K updates, and stopping on request (a signal) at a
+window boundary with a checkpoint."""
 
 from __future__ import annotations
 
@@ -9,10 +10,17 @@ import time
 import keras
 import tensorflow as tf
 
+from asrkit.checkpoints import TrainState
 from asrkit.progress import format_bar
-from asrkit.training.checkpoints import TrainState
 
 _SCALARS = ("loss", "window_loss", "grad_norm", "learning_rate", "skipped_windows", "loss_scale")
+
+
+class StopRequest:
+    """Set by a signal handler; read by the training loop at window boundaries."""
+
+    def __init__(self):
+        self.signal: str | None = None
 
 
 class TrainingProgress(keras.callbacks.Callback):
@@ -20,7 +28,7 @@ class TrainingProgress(keras.callbacks.Callback):
     micro-batch, so audio seconds per second is an epoch-average throughput."""
 
     def __init__(self, manager, state, total, audio_per_micro_batch, config, writer, log,
-                 stream=None):  # fmt: skip
+                 stream=None, stop: StopRequest | None = None):  # fmt: skip
         super().__init__()
         self.manager, self.state, self.total = manager, state, max(total, 1)
         self.audio_per_micro_batch = audio_per_micro_batch
@@ -29,6 +37,9 @@ class TrainingProgress(keras.callbacks.Callback):
         self.bar = self.stream.isatty()
         self.started = self.last_print = time.monotonic()
         self.first = state.micro_batches
+        self.stop = stop or StopRequest()
+        self.stopped_at: TrainState | None = None  # where a stop request ended the epoch
+        self.last_checkpoint = None
 
     def on_train_batch_end(self, batch, logs=None):
         logs = logs or {}
@@ -45,9 +56,14 @@ class TrainingProgress(keras.callbacks.Callback):
         if now - self.last_print > (0.5 if self.bar else 10):
             self.last_print = now
             self._report(done, updates, elapsed, audio_rate, logs)
-        if self.every and updates and updates % self.every == 0:
-            state = TrainState(self.state.epoch, done, updates, self.state.best_wer)
-            self.manager.save(self.model, state)
+        state = TrainState(self.state.epoch, done, updates, self.state.best_wer)
+        if self.stop.signal or (self.every and updates and updates % self.every == 0):
+            # Callbacks run at window boundaries only: a checkpoint never holds half a window.
+            network, optimizer = self.model.network, self.model.optimizer
+            self.last_checkpoint = self.manager.save(network, state, optimizer)
+        if self.stop.signal:
+            self.stopped_at = state
+            self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
         if self.bar:

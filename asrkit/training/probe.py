@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.data.pipeline import bucket_index
+from asrkit.errors import UserError
 from asrkit.features import encoder_frames
 
 
@@ -34,7 +35,7 @@ class ProbeShape:
         return self.utterances * encoder_frames(self.frames) * (self.tokens + 1)
 
 
-class OutOfMemory(RuntimeError):
+class OutOfMemory(UserError, RuntimeError):
     """The largest micro-batch does not fit; the message says what to change."""
 
 

@@ -1,16 +1,28 @@
 """`train()`: the library function behind `asrkit-train`.
 
-Reads shards, builds the Transducer under the chosen strategy and precision, trains with
-exact accumulation, checkpoints every K updates and at each epoch end, resumes
-automatically from the latest checkpoint (same data order: the pipeline is a function of
-(seed, epoch) and the consumed micro-batches are skipped), and scores dev WER each epoch.
+In named steps: open the experiment (copy the tokenizer and CMVN in, write the resolved
+config), plan the data (shards, buckets, accumulation), build the training task under the
+chosen strategy and precision, restore the latest checkpoint or initialise (fine-tuning),
+run the epochs (checkpoints every K updates and at each epoch end, dev WER per epoch), and
+finish. A resumed run continues the same data order: the pipeline is a function of
+(seed, epoch) and the consumed micro-batches are skipped.
+
+SIGTERM or SIGINT (a preemptible VM, a Slurm time limit, Ctrl-C) finishes the current
+window — never half of one — writes a checkpoint and returns; a second one stops at once.
+
+Process-global state: `train()` seeds Keras' random generators (Python, NumPy, TF) with
+`train.seed` — left seeded, as any seeding is — and sets the Keras dtype policy to
+`train.precision` only while it runs (the previous policy is restored).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +33,13 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit import __version__
+from asrkit.checkpoints import (
+    CheckpointManager,
+    TrainState,
+    list_checkpoints,
+    load_matching_weights,
+    restore,
+)
 from asrkit.config import ExperimentConfig, dump_config
 from asrkit.data.pipeline import (
     PipelineConfig,
@@ -28,22 +47,19 @@ from asrkit.data.pipeline import (
     bucket_plan,
     enough_frames,
     make_dataset,
+    pipeline_config,
 )
-from asrkit.data.records import shard_counts
-from asrkit.decoding.runner import decode_shards, normalizer_for
+from asrkit.data.records import check_shards, shard_counts
+from asrkit.decoding.runner import decode_shards
 from asrkit.decoding.search import DecodeOptions
+from asrkit.experiment import CONFIG_FILE, adopt_assets, resolve_assets
+from asrkit.features import normalizer_for
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import Tokenizer
-from asrkit.training.callbacks import TrainingProgress
-from asrkit.training.checkpoints import (
-    CheckpointManager,
-    TrainState,
-    list_checkpoints,
-    load_matching_weights,
-    restore,
-)
+from asrkit.training.callbacks import StopRequest, TrainingProgress
 from asrkit.training.probe import largest_micro_batch, probe_memory
 from asrkit.training.schedules import WarmupCosine, WarmupInverseSqrt
+from asrkit.training.task import TransducerTask
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,8 @@ class TrainResult:
     parameters: int
     seconds: float
     epoch_losses: list[float]  # Σ loss / Σ count of each epoch trained in this call
+    stopped_by: str | None = None  # "SIGTERM" / "SIGINT" when a signal ended the run early
+    checkpoint: Path | None = None  # the last checkpoint this call wrote
 
 
 def resolve_strategy(name: str) -> tf.distribute.Strategy:
@@ -66,18 +84,6 @@ def resolve_strategy(name: str) -> tf.distribute.Strategy:
         return tf.distribute.MultiWorkerMirroredStrategy()
     gpus = tf.config.list_logical_devices("GPU")
     return tf.distribute.MirroredStrategy() if len(gpus) > 1 else tf.distribute.get_strategy()
-
-
-def pipeline_config(config: ExperimentConfig, replicas: int = 1) -> PipelineConfig:
-    """The input pipeline; a global micro-batch holds `data.batch_seconds` per replica."""
-    d = config.data
-    return PipelineConfig(
-        batch_seconds=d.batch_seconds * replicas,
-        num_buckets=d.num_buckets,
-        shuffle_buffer=d.shuffle_buffer,
-        frame_step_seconds=config.features.frame_step / config.features.sample_rate,
-        **({} if d.spec_augment else {"spec_augment": None}),
-    )
 
 
 def accumulation_steps(config: ExperimentConfig, replicas: int = 1) -> int:
@@ -96,104 +102,173 @@ def learning_rate_schedule(config: ExperimentConfig, total_updates: int):
     return WarmupInverseSqrt(t.learning_rate, t.warmup_updates)
 
 
-def build_model(
+def build_task(
     config: ExperimentConfig,
     vocab_size: int,
     steps: int,
     optimizer=None,
     total_updates: int = 1,
-) -> Transducer:
+) -> TransducerTask:
+    """The training task (network + loss + accumulation engine), compiled."""
     t = config.train
-    model = Transducer(vocab_size, config.model, name="transducer")
-    freeze_encoder(model, t.freeze_encoder)
+    network = Transducer(vocab_size, config.model, name="transducer")
+    freeze_encoder(network, t.freeze_encoder)
     if optimizer is None:
         schedule = learning_rate_schedule(config, total_updates)
         optimizer = keras.optimizers.AdamW(schedule, weight_decay=t.weight_decay)
-    model.compile(
+    task = TransducerTask(network, name="transducer_task")
+    task.compile(
         optimizer,
         accumulation_steps=steps,
         clip_global_norm=t.clip_global_norm,
         max_consecutive_skips=t.max_consecutive_skips,
         jit_compile=t.jit_compile,
     )
-    return model
+    return task
+
+
+@contextlib.contextmanager
+def process_settings(config: ExperimentConfig):
+    """Seeds the random generators and sets the dtype policy for the duration of a run."""
+    previous = keras.mixed_precision.dtype_policy()
+    keras.utils.set_random_seed(config.train.seed)
+    keras.mixed_precision.set_dtype_policy(config.train.precision)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
 
 
 def train(
     config: ExperimentConfig, exp_dir: str | Path, init_from: str | None = None, log=print
 ) -> TrainResult:
     start = time.monotonic()
-    exp_dir = Path(exp_dir)
-    keras.utils.set_random_seed(config.train.seed)
-    keras.mixed_precision.set_dtype_policy(config.train.precision)
-    strategy = resolve_strategy(config.train.strategy)
+    with process_settings(config):
+        strategy = resolve_strategy(config.train.strategy)
+        run = _open_run(config, Path(exp_dir), strategy, log)
+        data = _plan_data(run, strategy.num_replicas_in_sync)
+        task = _build(run, data, strategy)
+        state = _restore_or_init(task, run, init_from)
+        with _stop_on_signals(run.log) as stop:
+            result = _run_epochs(task, run, data, state, stop)
+        if not run.chief:
+            shutil.rmtree(run.save_dir, ignore_errors=True)
+    return dataclasses.replace(result, seconds=time.monotonic() - start)
+
+
+class _Run(NamedTuple):
+    config: ExperimentConfig  # as the experiment records it (assets inside it)
+    exp_dir: Path
+    save_dir: Path  # where this process writes checkpoints
+    chief: bool
+    tokenizer: Tokenizer
+    log: object
+
+
+def _open_run(config: ExperimentConfig, exp_dir: Path, strategy, log) -> _Run:
     chief, worker = _worker_role(strategy)
     # Every worker writes checkpoints (saving can need collectives), only the chief where
     # they are kept; the others write to a scratch directory and log nothing.
     save_dir = exp_dir if chief else exp_dir / f".worker-{worker}"
     save_dir.mkdir(parents=True, exist_ok=True)
     if chief:
-        (exp_dir / "config.yaml").write_text(f"# asrkit {__version__}\n" + dump_config(config))
+        recorded = adopt_assets(config, exp_dir)
+        (exp_dir / CONFIG_FILE).write_text(f"# asrkit {__version__}\n" + dump_config(recorded))
+        config = resolve_assets(recorded, exp_dir)
     else:
         log = _silent
-    replicas = strategy.num_replicas_in_sync
-
     tokenizer = Tokenizer.load(config.data.tokenizer)
-    data = _plan_data(config, replicas, log)
-    steps, micro_per_epoch = data.steps, data.micro_per_epoch
+    return _Run(config, exp_dir, save_dir, chief, tokenizer, log)
 
-    def dataset(epoch: int, skip: int = 0) -> tf.data.Dataset:
-        return _dataset(config, data, epoch, skip)
 
+def _build(run: _Run, data: _TrainingData, strategy) -> TransducerTask:
+    config = run.config
     with strategy.scope():
-        total_updates = config.train.epochs * math.ceil(micro_per_epoch / steps)
-        model = build_model(config, tokenizer.vocab_size, steps, total_updates=total_updates)
-        model.build_engine(next(iter(dataset(0))))
-    parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    log(f"model: {parameters:,} parameters, vocabulary {tokenizer.vocab_size}")
-
+        total_updates = config.train.epochs * math.ceil(data.micro_per_epoch / data.steps)
+        task = build_task(config, run.tokenizer.vocab_size, data.steps, total_updates=total_updates)
+        task.build_engine(next(iter(_dataset(config, data, 0))))
+    parameters = sum(int(np.prod(v.shape)) for v in task.trainable_variables)
+    run.log(f"model: {parameters:,} parameters, vocabulary {run.tokenizer.vocab_size}")
     if config.train.probe_memory:
-        shape = largest_micro_batch(data.frames, data.tokens, data.plan, replicas)
-        probe_memory(model, strategy, shape, config.features.num_mel_bins)
-        log(
+        shape = largest_micro_batch(data.frames, data.tokens, data.plan, data.replicas)
+        probe_memory(task, strategy, shape, config.features.num_mel_bins)
+        run.log(
             f"memory probe: the largest micro-batch fits ({shape.utterances} utterance(s) x "
             f"{shape.frames} frames x {shape.tokens} tokens per replica)"
         )
-    manager = CheckpointManager(save_dir / "checkpoints", config.train.keep_checkpoints)
-    state = TrainState(epoch=0, micro_batches=0, updates=0)
-    found = list_checkpoints(exp_dir / "checkpoints")  # the chief's, on every worker
-    if found:
-        state = restore(model, found[-1])
-        log(f"resumed from {found[-1].name}: epoch {state.epoch}, {state.updates} updates")
-    elif init_from:
-        _init_from(model, init_from, log)
+    return task
 
-    if chief:
-        writer = tf.summary.create_file_writer(str(exp_dir / "tensorboard"))
+
+def _restore_or_init(task: TransducerTask, run: _Run, init_from: str | None) -> TrainState:
+    found = list_checkpoints(run.exp_dir / "checkpoints")  # the chief's, on every worker
+    if found:
+        state = restore(task.network, found[-1], task.optimizer)
+        run.log(f"resumed from {found[-1].name}: epoch {state.epoch}, {state.updates} updates")
+        return state
+    if init_from:
+        _init_from(task.network, init_from, run.log)
+    return TrainState(epoch=0, micro_batches=0, updates=0)
+
+
+def _run_epochs(task, run: _Run, data: _TrainingData, state: TrainState, stop) -> TrainResult:
+    config = run.config
+    manager = CheckpointManager(run.save_dir / "checkpoints", config.train.keep_checkpoints)
+    if run.chief:
+        writer = tf.summary.create_file_writer(str(run.exp_dir / "tensorboard"))
     else:
         writer = tf.summary.create_noop_writer()
-    dev_wer, epoch_losses = state.best_wer, []
-    while state.epoch < config.train.epochs:
+    parameters = sum(int(np.prod(v.shape)) for v in task.trainable_variables)
+    dev_wer, epoch_losses, last = state.best_wer, [], None
+    while state.epoch < config.train.epochs and not stop.signal:
         progress = TrainingProgress(
-            manager, state, micro_per_epoch, data.audio_per_micro_batch, config, writer, log
-        )
-        history = model.fit(
-            dataset(state.epoch, state.micro_batches), verbose=0, callbacks=[progress]
-        )
+            manager, state, data.micro_per_epoch, data.audio_per_micro_batch, config, writer,
+            run.log, stop=stop,
+        )  # fmt: skip
+        history = task.fit(
+            _dataset(config, data, state.epoch, state.micro_batches), verbose=0,
+            callbacks=[progress],
+        )  # fmt: skip
+        if progress.stopped_at is not None:  # a signal: the window is done and saved
+            state, last = progress.stopped_at, progress.last_checkpoint
+            break
         epoch_losses += history.history.get("loss", [])[-1:]
-        updates = int(model.optimizer.iterations.numpy())
+        updates = int(task.optimizer.iterations.numpy())
         state = TrainState(state.epoch + 1, 0, updates, state.best_wer)
-        if config.data.dev_shards and chief:
-            dev_wer = _dev_wer(model, config, tokenizer, data)
+        if config.data.dev_shards and run.chief:
+            dev_wer = _dev_wer(task.network, config, run.tokenizer, data)
             best = dev_wer if state.best_wer is None else min(dev_wer, state.best_wer)
             state = dataclasses.replace(state, best_wer=best)
             with writer.as_default():
                 tf.summary.scalar("dev/wer", dev_wer, step=updates)
-            log(f"epoch {state.epoch}: dev WER {dev_wer * 100:.2f} %")
-        manager.save(model, state)
-    if not chief:
-        shutil.rmtree(save_dir, ignore_errors=True)
-    return TrainResult(state, dev_wer, parameters, time.monotonic() - start, epoch_losses)
+            run.log(f"epoch {state.epoch}: dev WER {dev_wer * 100:.2f} %")
+        last = manager.save(task.network, state, task.optimizer)
+    return TrainResult(state, dev_wer, parameters, 0.0, epoch_losses, stop.signal, last)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(log):
+    """SIGTERM/SIGINT set a flag the training loop reads at window boundaries; the first
+    one also puts the previous handlers back, so a second one acts at once."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop  # signal handlers can only be installed from the main thread
+        return
+    previous = {}
+
+    def handler(signum, _frame):
+        stop.signal = signal.Signals(signum).name
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        log(f"{stop.signal}: finishing the current window, then writing a checkpoint "
+            "(send it again to stop at once)")  # fmt: skip
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, handler)
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 class _TrainingData(NamedTuple):
@@ -203,12 +278,17 @@ class _TrainingData(NamedTuple):
     pipe: PipelineConfig
     plan: tuple[list[int], list[int]]
     steps: int  # micro-batches per update
+    replicas: int
     micro_per_epoch: int
     audio_per_micro_batch: float  # seconds, the epoch's mean
     normalize: object
 
 
-def _plan_data(config: ExperimentConfig, replicas: int, log) -> _TrainingData:
+def _plan_data(run: _Run, replicas: int) -> _TrainingData:
+    config, log = run.config, run.log
+    check_shards(config.data.train_shards, config, run.tokenizer)
+    if config.data.dev_shards:
+        check_shards(config.data.dev_shards, config, run.tokenizer)
     files, frames, tokens = shard_counts(config.data.train_shards)
     dropped = int(np.sum(~enough_frames(frames, tokens)))
     if dropped:
@@ -224,11 +304,13 @@ def _plan_data(config: ExperimentConfig, replicas: int, log) -> _TrainingData:
         f"x {replicas} replica(s) per epoch; {steps} per update = effective batch "
         f"{steps * pipe.batch_seconds:.0f} s audio"
     )
-    normalize = normalizer_for(config)
-    return _TrainingData(files, frames, tokens, pipe, plan, steps, micro, audio / micro, normalize)
+    normalize = normalizer_for(config.data.cmvn)
+    return _TrainingData(
+        files, frames, tokens, pipe, plan, steps, replicas, micro, audio / micro, normalize
+    )
 
 
-def _dataset(config: ExperimentConfig, data: _TrainingData, epoch: int, skip: int):
+def _dataset(config: ExperimentConfig, data: _TrainingData, epoch: int, skip: int = 0):
     dataset = make_dataset(
         data.files, data.pipe, *data.plan, training=True, seed=config.train.seed, epoch=epoch,
         skip_batches=skip, num_mel_bins=config.features.num_mel_bins, normalize=data.normalize,
@@ -240,10 +322,10 @@ def _dataset(config: ExperimentConfig, data: _TrainingData, epoch: int, skip: in
     return dataset.with_options(options)
 
 
-def _dev_wer(model, config: ExperimentConfig, tokenizer, data: _TrainingData) -> float:
-    options = DecodeOptions(max_symbols_per_step=config.train.max_symbols_per_step)
+def _dev_wer(network, config: ExperimentConfig, tokenizer, data: _TrainingData) -> float:
+    options = DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
     report = decode_shards(
-        model, config.data.dev_shards, tokenizer, data.pipe, data.normalize, options,
+        network, config.data.dev_shards, tokenizer, data.pipe, data.normalize, options,
         config.features.num_mel_bins,
     )  # fmt: skip
     return report.rates.wer
@@ -272,24 +354,32 @@ def _micro_batches(lengths: np.ndarray, plan) -> int:
     return int(sum(math.ceil(c / s) for c, s in zip(counts, [*sizes, 1], strict=True)))
 
 
-def _init_from(model, path: str, log) -> None:
+def _init_from(network: Transducer, path: str, log) -> None:
     """Fine-tuning: weights from a checkpoint dir or an experiment dir (its latest); fresh
     optimizer; variables whose shape changed (a new tokenizer) keep their initialisation."""
     path = Path(path)
     if (path / "checkpoints").is_dir():  # read-only: never sweep another run's directory
         found = list_checkpoints(path / "checkpoints")
-        path = found[-1] if found else path
-    report = load_matching_weights(model, path)
+        if not found:
+            raise FileNotFoundError(f"--init-from {path}: the experiment has no checkpoint yet")
+        path = found[-1]
+    elif not path.is_dir():
+        raise FileNotFoundError(f"--init-from {path}: no such experiment or checkpoint directory")
+    report = load_matching_weights(network, path)
     log(f"initialised {len(report.loaded)} variables from {path} (fresh optimizer)")
     for name, why in report.skipped:
         log(f"  not loaded: {name}: {why}")
+    for name in report.fresh:
+        log(f"  not in the checkpoint, left fresh: {name}")
+    for name in report.unused:
+        log(f"  in the checkpoint, not in this model: {name}")
 
 
-def freeze_encoder(model: Transducer, blocks: int) -> None:
+def freeze_encoder(network: Transducer, blocks: int) -> None:
     """blocks = -1: the whole encoder; n > 0: its subsampling and first n layers."""
     if blocks == 0:
         return
-    encoder = model.encoder
+    encoder = network.encoder
     if blocks < 0:
         encoder.trainable = False
         return

@@ -20,10 +20,12 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.config import ExperimentConfig
-from asrkit.data.pipeline import bucket_plan, make_dataset
+from asrkit.data.pipeline import bucket_plan, make_dataset, pipeline_config
 from asrkit.data.records import shard_lengths
-from asrkit.decoding.runner import normalizer_for
+from asrkit.errors import InputError
+from asrkit.features import normalizer_for
 from asrkit.tokenizer import Tokenizer
+from asrkit.training.trainer import build_task, process_settings
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,11 @@ class VerifyReport:
 def verify_accumulation(
     config: ExperimentConfig, steps: int = 4, tolerance: float | None = None
 ) -> VerifyReport:
-    from asrkit.training.trainer import build_model, pipeline_config
+    with process_settings(_deterministic(config)):
+        return _verify(_deterministic(config), steps, tolerance)
 
-    config = _deterministic(config)
+
+def _verify(config: ExperimentConfig, steps: int, tolerance: float | None) -> VerifyReport:
     precision = config.train.precision
     if tolerance is None:
         # bfloat16 keeps 8 mantissa bits: merely permuting the rows of one mini-model batch
@@ -53,23 +57,24 @@ def verify_accumulation(
         # — so the check can only catch gross errors (a doubled, dropped or mis-normalised
         # window).
         tolerance = {"float32": 1e-4, "mixed_float16": 2e-2}.get(precision, 0.25)
-    keras.mixed_precision.set_dtype_policy(precision)
     tokenizer = Tokenizer.load(config.data.tokenizer)
     files, lengths = shard_lengths(config.data.train_shards)
     pipe = dataclasses.replace(pipeline_config(config), spec_augment=None)
     dataset = make_dataset(
         files, pipe, *bucket_plan(lengths, pipe), training=True, seed=config.train.seed,
-        num_mel_bins=config.features.num_mel_bins, normalize=normalizer_for(config),
+        num_mel_bins=config.features.num_mel_bins, normalize=normalizer_for(config.data.cmvn),
     )  # fmt: skip
     micro = [tuple(t.numpy() for t in batch) for batch in dataset.take(steps)]
     if len(micro) < steps:
-        raise ValueError(f"verify-accumulation: only {len(micro)} micro-batches available")
+        raise InputError(
+            f"verify-accumulation: the training shards make only {len(micro)} micro-batches; "
+            "lower --steps or data.batch_seconds"
+        )
 
-    keras.utils.set_random_seed(config.train.seed)
-    accumulated = build_model(config, tokenizer.vocab_size, steps, keras.optimizers.SGD(1.0))
+    accumulated = build_task(config, tokenizer.vocab_size, steps, keras.optimizers.SGD(1.0))
     accumulated.build_engine(micro[0])
     initial = [v.numpy() for v in accumulated.trainable_variables]
-    union_model = build_model(config, tokenizer.vocab_size, 1, keras.optimizers.SGD(1.0))
+    union_model = build_task(config, tokenizer.vocab_size, 1, keras.optimizers.SGD(1.0))
     union_model.build_engine(micro[0])
     for var, value in zip(union_model.trainable_variables, initial, strict=True):
         var.assign(value)

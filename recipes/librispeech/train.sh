@@ -85,13 +85,14 @@ prepare() {
 }
 features() {
   "$asrkit" features extract --manifest data/train.jsonl --tokenizer tokenizer \
-    --out shards/train --shards "$train_shards" --speeds "$speeds" --workers "$(nproc)"
+    --out shards/train --shards "$train_shards" --speeds "$speeds" --workers "$(nproc)" \
+    --config "$config" "${sets[@]}"
   local part
   for part in "${scored[@]}"; do
     "$asrkit" features extract --manifest "data/$part.jsonl" --tokenizer tokenizer \
-      --out "shards/$part" --shards 8 --workers "$(nproc)"
+      --out "shards/$part" --shards 8 --workers "$(nproc)" --config "$config" "${sets[@]}"
   done
-  "$asrkit" features cmvn --shards shards/train --out cmvn.json
+  "$asrkit" features cmvn --shards shards/train --out cmvn.json --config "$config" "${sets[@]}"
 }
 train() {
   "$asrkit" train --config "$config" --exp-dir exp --set data.train_shards=shards/train \

@@ -43,9 +43,9 @@ install_voices() {
 features() {
   for part in train-clean-100 dev-clean test-clean; do
     "$asrkit" features extract --manifest "data/$part.jsonl" --tokenizer tokenizer \
-      --out "shards/${part%%-*}" --shards 8
+      --out "shards/${part%%-*}" --shards 8 --config "$config" "${sets[@]}"
   done
-  "$asrkit" features cmvn --shards shards/train --out cmvn.json
+  "$asrkit" features cmvn --shards shards/train --out cmvn.json --config "$config" "${sets[@]}"
 }
 
 run_stage 0 corpus install_voices

@@ -19,6 +19,7 @@ from asrkit.models.lstm_encoder import LSTMEncoder
 from asrkit.models.predictor import LSTMPredictor
 from asrkit.models.subsampling import ConvSubsampling
 from asrkit.models.transducer import Transducer
+from asrkit.training.task import TransducerTask
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((2, 9, 16)).astype(np.float32)
@@ -105,7 +106,7 @@ def _tiny_transducer(kind="lstm", normalize_by="tokens"):
         joint_dim=16,
         normalize_by=normalize_by,
     )  # fmt: skip
-    return Transducer(12, config)
+    return TransducerTask(Transducer(12, config))
 
 
 @pytest.mark.parametrize("kind", ["lstm", "conformer"])
@@ -130,7 +131,7 @@ def test_loss_of_an_utterance_is_the_same_alone_or_batched(kind):
 
 
 def test_transducer_config_round_trip():
-    model = _tiny_transducer("conformer")
+    model = _tiny_transducer("conformer").network
     clone = Transducer.from_config(model.get_config())
     assert clone.config == model.config and clone.vocab_size == 12
 

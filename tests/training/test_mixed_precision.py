@@ -108,3 +108,15 @@ def test_mixed_bfloat16_runs_without_loss_scaling(policy):
     assert "loss_scale" not in history.history
     assert np.all(np.isfinite(history.history["loss"]))
     assert int(model.optimizer.iterations.numpy()) == 6
+
+
+@pytest.mark.parametrize(("built_under", "compiled_under"),
+                         [("mixed_float16", "float32"), ("float32", "mixed_float16")])  # fmt: skip
+def test_loss_scaling_follows_the_model_policy_not_the_global_one(
+    policy, built_under, compiled_under
+):
+    policy(built_under)
+    model = TokenRegressor()
+    policy(compiled_under)
+    model.compile(keras.optimizers.SGD(0.1), accumulation_steps=2)
+    assert model.accumulation.loss_scale.enabled == (built_under == "mixed_float16")

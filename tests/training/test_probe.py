@@ -6,10 +6,10 @@ import pytest
 import tensorflow as tf
 
 from asrkit.data.pipeline import PipelineConfig, bucket_plan
-from asrkit.decoding.runner import dummy_batch
 from asrkit.features import encoder_frames
-from asrkit.models.transducer import Transducer
+from asrkit.models.transducer import Transducer, dummy_batch
 from asrkit.training.probe import OutOfMemory, largest_micro_batch, probe_memory
+from asrkit.training.task import TransducerTask
 from tests.tiny import tiny_model_config
 
 
@@ -40,7 +40,7 @@ def test_largest_micro_batch_is_the_most_cells(replicas):
 
 def built_model():
     keras.utils.set_random_seed(0)
-    model = Transducer(9, tiny_model_config(dropout=0.3))
+    model = TransducerTask(Transducer(9, tiny_model_config(dropout=0.3)))
     model.compile(keras.optimizers.SGD(0.1))
     model.build_engine(dummy_batch(80))
     return model

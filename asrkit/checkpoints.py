@@ -1,0 +1,404 @@
+"""Checkpoint I/O: atomic checkpoints of a model (+ optimizer) and training progress, kept K.
+
+Sits below training and decoding: both read and write checkpoints through this module,
+and nothing here imports either.
+
+A checkpoint is a directory `ckpt-<updates>` holding a `tf.train.Checkpoint` (`ckpt.*`) of
+the network's weights and (when training) the optimizer, `state.json` (training progress)
+and `variables.json` (the network's variable names in trainable order). Network variables
+are keyed by a stable *name*: the attribute path from the network to the variable
+(`encoder.blocks.3.attention.qkv.kernel`), the same in every process whatever order the
+layers were created in (Keras' own `variable.path` carries process-global suffixes such as
+`dense_17` and puts dropout seed states at the top level).
+
+Writing is complete-then-swap: a new checkpoint is written under `<name>.tmp`; an existing
+one of the same name is moved to `<name>.old`, the new one renamed into place, and only
+then the old one deleted. A run killed at any moment leaves a whole checkpoint of every
+name behind (`CheckpointManager` puts a stranded `.old` back).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from asrkit.errors import UserError
+
+CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)$")
+_WEIGHT_KEY = re.compile(r"^weights/(.+)/\.ATTRIBUTES/VARIABLE_VALUE$")
+_OLD_FORMAT_KEY = re.compile(r"^variables/\d+/\.ATTRIBUTES/VARIABLE_VALUE$")
+# Keras' own bookkeeping attributes of a layer: lists and trackers that hold the same
+# variables and sub-layers again. Walked last, so every variable is named by the
+# attribute that owns it.
+_BOOKKEEPING = frozenset(
+    {"_layers", "_trainable_variables", "_non_trainable_variables", "_seed_generators",
+     "_metrics", "_tracker", "_loss_tracker", "_compile_metrics", "_compile_loss",
+     "_inbound_nodes", "_outbound_nodes", "_losses", "_loss_ids"}
+)  # fmt: skip
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint that cannot be written or used; the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """Training progress, saved with every checkpoint (config stays immutable)."""
+
+    epoch: int  # the epoch in progress
+    micro_batches: int  # micro-batches of that epoch already consumed
+    updates: int  # optimizer updates so far
+    best_wer: float | None = None
+
+
+# ------------------------------------------------------------------------- variable names
+def named_variables(model: keras.layers.Layer) -> dict[str, keras.Variable]:
+    """Every variable of a built model under its stable attribute-path name.
+
+    Raises if a variable of `model.variables` is reachable only through Keras' bookkeeping
+    (a layer kept in a plain container the walk does not know): such a name would depend
+    on creation order again.
+    """
+    found: dict[str, keras.Variable] = {}
+    unstable: list[str] = []
+    seen: set[int] = set()
+
+    def visit(obj, name: str, bookkeeping: bool) -> None:
+        if id(obj) in seen:
+            return
+        if isinstance(obj, keras.Variable):
+            seen.add(id(obj))
+            found[name] = obj
+            if bookkeeping:
+                unstable.append(name)
+        elif isinstance(obj, keras.random.SeedGenerator):
+            seen.add(id(obj))
+            visit(obj.state, f"{name}.state", bookkeeping)
+        elif isinstance(obj, keras.layers.Layer):
+            seen.add(id(obj))
+            items = sorted(vars(obj).items(), key=lambda kv: (_is_bookkeeping(kv[0]), kv[0]))
+            for attr, value in items:
+                child = f"{name}.{attr.lstrip('_')}" if name else attr.lstrip("_")
+                visit(value, child, bookkeeping or _is_bookkeeping(attr))
+        elif isinstance(obj, list | tuple):
+            for index, item in enumerate(obj):
+                visit(item, f"{name}.{index}", bookkeeping)
+        elif isinstance(obj, dict):
+            for key in sorted(obj, key=str):
+                visit(obj[key], f"{name}.{key}", bookkeeping)
+
+    visit(model, "", False)
+    by_id = {id(v): k for k, v in found.items()}
+    missing = [v.path for v in model.variables if id(v) not in by_id]
+    if missing or any(id(found[k]) in {id(v) for v in model.variables} for k in unstable):
+        raise CheckpointError(
+            f"{type(model).__name__}: variables without a stable name: {missing or unstable}; "
+            "keep every sub-layer in an attribute (or a list/dict attribute) of its parent"
+        )
+    return {by_id[id(v)]: v for v in model.variables}
+
+
+def _is_bookkeeping(attr: str) -> bool:
+    # `_self_*`: TensorFlow's own object tracking (`_self_unconditional_dependency_names`).
+    return attr in _BOOKKEEPING or attr.startswith("_self_")
+
+
+def _unescape(key: str) -> str:
+    """A `tf.train.Checkpoint` dict key back from its escaped form ('.' -> '..', '/' -> '.S')."""
+    return re.sub(r"\.(\.|S)", lambda m: "." if m.group(1) == "." else "/", key)
+
+
+# ------------------------------------------------------------------------------ listing
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """The complete checkpoints `ckpt-<updates>` of a directory, oldest first (read-only:
+    safe while a training run writes there, unlike constructing a `CheckpointManager`).
+    Anything else there (`ckpt-…tmp`, a user's `ckpt-…bak` copy) is ignored."""
+    found = []
+    for path in Path(directory).glob("ckpt-*"):
+        match = CHECKPOINT_NAME.match(path.name)
+        if match and (path / "state.json").exists():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def last_checkpoints(directory: str | os.PathLike, n: int) -> list[Path]:
+    """The newest `n` complete checkpoints of a directory, oldest first; an error that says
+    why when there are not that many."""
+    if n < 1:
+        raise CheckpointError(f"the number of checkpoints must be >= 1, got {n}")
+    found = list_checkpoints(directory)
+    if not found:
+        raise CheckpointError(f"{directory}: no checkpoint (has this experiment been trained?)")
+    if len(found) < n:
+        raise CheckpointError(
+            f"{directory}: {len(found)} checkpoint(s), cannot average the last {n} "
+            "(train.keep_checkpoints limits how many are kept)"
+        )
+    return found[-n:]
+
+
+def read_state(path: str | os.PathLike) -> TrainState:
+    return TrainState(**json.loads((Path(path) / "state.json").read_text()))
+
+
+# ------------------------------------------------------------------------------ writing
+class CheckpointManager:
+    """Writes `ckpt-<updates>` checkpoints into a directory and keeps the newest `keep`."""
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.directory = Path(directory)
+        self.keep = keep
+        self.directory.mkdir(parents=True, exist_ok=True)
+        _recover(self.directory)
+
+    def checkpoints(self) -> list[Path]:
+        return list_checkpoints(self.directory)
+
+    def latest(self) -> Path | None:
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def save(self, network, state: TrainState, optimizer=None) -> Path:
+        """Writes the checkpoint (the network's weights, the optimizer's state if given)
+        completely, then puts it in place; older ones beyond `keep` are deleted only after
+        that. A failed write raises `CheckpointError` and leaves every earlier checkpoint
+        as it was."""
+        final = self.directory / f"ckpt-{state.updates:08d}"
+        _write_atomically(final, lambda tmp: _write(tmp, network, state, optimizer))
+        for old in self.checkpoints()[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+
+def _recover(directory: Path) -> None:
+    """Puts back a checkpoint whose replacement was interrupted; removes killed writes."""
+    for old in directory.glob("ckpt-*.old"):
+        final = old.with_name(old.name[: -len(".old")])
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(old, final)
+    for stale in directory.glob("ckpt-*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _write_atomically(final: Path, write) -> None:
+    tmp = final.with_name(final.name + ".tmp")
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
+    except (OSError, tf.errors.OpError) as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = getattr(err, "strerror", None) or getattr(err, "message", None) or str(err)
+        raise CheckpointError(
+            f"{final}: could not write the checkpoint ({reason}); earlier checkpoints in "
+            f"{final.parent} are intact. Free space or fix the directory, then rerun the same "
+            "command to resume from the latest one."
+        ) from err
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write(directory: Path, network, state: TrainState, optimizer) -> None:
+    named = named_variables(network)
+    weights = {name: var.value for name, var in named.items()}
+    checkpoint = (
+        tf.train.Checkpoint(weights=weights)
+        if optimizer is None
+        else tf.train.Checkpoint(weights=weights, optimizer=optimizer)
+    )
+    checkpoint.write(str(directory / "ckpt"))
+    order = _trainable_order(network, named)
+    (directory / "variables.json").write_text(json.dumps(order, indent=0) + "\n")
+    (directory / "state.json").write_text(json.dumps(asdict(state)) + "\n")  # last: complete
+
+
+def _trainable_order(network, named: dict[str, keras.Variable]) -> list[str]:
+    """Trainable variable names in the order the optimizer's slots follow."""
+    by_id = {id(v): k for k, v in named.items()}
+    return [by_id[id(v)] for v in network.trainable_variables]
+
+
+def write_weights(
+    directory: str | os.PathLike, values: dict[str, np.ndarray], state: TrainState
+) -> Path:
+    """A weights-only checkpoint (no optimizer) from named values that `restore(...,
+    with_optimizer=False)`, `asrkit decode --checkpoint` and `--init-from` read."""
+    final = Path(directory)
+    final.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(tmp: Path) -> None:
+        weights = {k: tf.Variable(v, trainable=False) for k, v in values.items()}
+        tf.train.Checkpoint(weights=weights).write(str(tmp / "ckpt"))
+        (tmp / "state.json").write_text(json.dumps(asdict(state)) + "\n")
+
+    _write_atomically(final, write)
+    return final
+
+
+# ------------------------------------------------------------------------------ reading
+def read_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The named model weights of a checkpoint directory (no model needed)."""
+    reader = _reader(path)
+    out = {}
+    for key in reader.get_variable_to_shape_map():
+        match = _WEIGHT_KEY.match(key)
+        if match:
+            out[_unescape(match.group(1))] = reader.get_tensor(key)
+    return out
+
+
+def _reader(path: str | os.PathLike):
+    path = Path(path)
+    if not (path / "ckpt.index").exists():
+        raise CheckpointError(f"{path}: not a checkpoint directory (no ckpt.index)")
+    reader = tf.train.load_checkpoint(str(path / "ckpt"))
+    keys = reader.get_variable_to_shape_map()
+    if any(_OLD_FORMAT_KEY.match(k) for k in keys):
+        raise CheckpointError(
+            f"{path}: written by asrkit 0.1, which keyed variables by creation order; this "
+            "asrkit keys them by name and cannot map them safely. Decode it with asrkit 0.1, "
+            "or retrain."
+        )
+    return reader
+
+
+def restore(network, path: str | os.PathLike, optimizer=None) -> TrainState:
+    """Loads a checkpoint directory into a built network (and an optimizer, to resume).
+
+    Every network variable must be in the checkpoint with its shape. With an optimizer,
+    the trainable variables must also be in the order the checkpoint's optimizer slots
+    were saved in; otherwise `CheckpointError` says to fine-tune instead.
+    """
+    path = Path(path)
+    saved = read_weights(path)
+    named = named_variables(network)
+    missing = sorted(set(named) - set(saved))
+    wrong = [
+        f"{k} {tuple(saved[k].shape)} != {tuple(v.shape)}"
+        for k, v in named.items()
+        if k in saved and tuple(saved[k].shape) != tuple(v.shape)
+    ]
+    if missing or wrong:
+        raise CheckpointError(
+            f"{path}: does not fit this model ({len(missing)} variable(s) missing, e.g. "
+            f"{missing[:3]}; shape differences: {wrong[:3]}). Is it another architecture? "
+            "Use --init-from to load what fits."
+        )
+    if optimizer is not None:
+        order_file = path / "variables.json"
+        order = json.loads(order_file.read_text()) if order_file.exists() else None
+        if order != _trainable_order(network, named):
+            raise CheckpointError(
+                f"{path}: the model's trainable variables differ from (or are ordered "
+                "differently than) when this checkpoint was written, so its optimizer state "
+                "cannot be matched. Start a new experiment with --init-from to keep the weights "
+                "with a fresh optimizer."
+            )
+        weights = {k: v.value for k, v in named.items()}
+        status = tf.train.Checkpoint(weights=weights, optimizer=optimizer).read(str(path / "ckpt"))
+        status.assert_existing_objects_matched()
+    else:
+        for key, var in named.items():
+            var.assign(saved[key])
+    return read_state(path)
+
+
+def average_checkpoints(paths: list[str | os.PathLike]) -> dict[str, np.ndarray]:
+    """The named model weights of several checkpoints, averaged.
+
+    Floating-point variables are summed in float64 and cast back to their stored dtype;
+    integer ones (dropout RNG states, counters) are taken from the last checkpoint.
+    """
+    if not paths:
+        raise ValueError("average_checkpoints: no checkpoints given")
+    every = [read_weights(p) for p in paths]
+    last = every[-1]
+    for path, weights in zip(paths, every, strict=True):
+        if weights.keys() != last.keys():
+            raise ValueError(f"{path}: its variables differ from {paths[-1]}'s (another model?)")
+    averaged = {}
+    for key, value in last.items():
+        if not np.issubdtype(value.dtype, np.floating):
+            averaged[key] = value
+            continue
+        total = np.zeros(value.shape, np.float64)
+        for path, weights in zip(paths, every, strict=True):
+            if weights[key].shape != value.shape:
+                raise ValueError(f"{path}: {key} has shape {weights[key].shape} != {value.shape}")
+            total += weights[key].astype(np.float64)
+        averaged[key] = (total / len(every)).astype(value.dtype)
+    return averaged
+
+
+def assign_weights(model, values: dict[str, np.ndarray]) -> None:
+    """Loads named values (e.g. `average_checkpoints`) into a built model; all must fit."""
+    named = named_variables(model)
+    if named.keys() != values.keys():
+        missing, extra = sorted(named.keys() - values.keys()), sorted(values.keys() - named.keys())
+        raise CheckpointError(f"weights do not fit the model: missing {missing}, unknown {extra}")
+    for key, var in named.items():
+        if tuple(var.shape) != values[key].shape:
+            raise CheckpointError(f"{key}: shape {tuple(var.shape)} != {values[key].shape}")
+        var.assign(values[key])
+
+
+@dataclass(frozen=True)
+class AveragedCheckpoint:
+    path: Path
+    sources: list[Path]
+
+
+def average_last(
+    exp_dir: str | os.PathLike, last: int, out: str | os.PathLike | None = None
+) -> AveragedCheckpoint:
+    """Averages an experiment's last `last` checkpoints into `out` (default
+    `<exp_dir>/averaged/last<N>-<final checkpoint>`)."""
+    exp_dir = Path(exp_dir)
+    sources = last_checkpoints(exp_dir / "checkpoints", last)
+    out = Path(out) if out else exp_dir / "averaged" / f"last{last}-{sources[-1].name}"
+    write_weights(out, average_checkpoints(sources), read_state(sources[-1]))
+    (out / "averaged.json").write_text(json.dumps([str(p) for p in sources], indent=1) + "\n")
+    return AveragedCheckpoint(out, sources)
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    loaded: list[str]  # names copied from the checkpoint
+    skipped: list[tuple[str, str]]  # (name, why): in both, but the shape differs
+    fresh: list[str]  # in the model, not in the checkpoint: keep their initialisation
+    unused: list[str]  # in the checkpoint, not in the model
+
+
+def load_matching_weights(model, path: str | os.PathLike) -> LoadReport:
+    """Fine-tuning: copies every model variable whose name and shape match the checkpoint's.
+
+    What differs in shape — the predictor embedding and the joint output layer when the
+    tokenizer changes — keeps its fresh initialisation; everything is reported by name.
+    """
+    saved = read_weights(path)
+    loaded, skipped, fresh = [], [], []
+    for key, var in named_variables(model).items():
+        if key not in saved:
+            fresh.append(key)
+        elif tuple(saved[key].shape) != tuple(var.shape):
+            skipped.append((key, f"shape {tuple(saved[key].shape)} != {tuple(var.shape)}"))
+        else:
+            var.assign(saved[key])
+            loaded.append(key)
+    unused = sorted(set(saved) - set(loaded) - {k for k, _ in skipped})
+    return LoadReport(loaded, skipped, fresh, unused)

@@ -1,0 +1,165 @@
+"""An experiment directory: what it holds, and loading it for inference.
+
+    <exp>/config.yaml     the resolved config; `data.tokenizer` and `data.cmvn` point inside
+    <exp>/tokenizer/      a copy of the tokenizer it was trained with
+    <exp>/cmvn.json       a copy of the feature statistics (if any)
+    <exp>/checkpoints/    ckpt-<updates>/ (see `asrkit.checkpoints`)
+
+Everything decoding, export, averaging or fine-tuning needs lives inside, so an experiment
+works from any working directory and after being moved or copied to another machine; a
+retrained tokenizer elsewhere cannot change it. Loading for inference builds the network
+alone: no training code is imported and no optimizer state is created.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import filecmp
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from asrkit.checkpoints import (
+    assign_weights,
+    average_checkpoints,
+    last_checkpoints,
+    restore,
+)
+from asrkit.config import ExperimentConfig, load_config
+from asrkit.errors import UserError
+from asrkit.features import GlobalNormalizer, normalizer_for
+from asrkit.models.transducer import Transducer
+from asrkit.tokenizer import Tokenizer
+
+CONFIG_FILE = "config.yaml"
+TOKENIZER_DIR = "tokenizer"
+CMVN_FILE = "cmvn.json"
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")
+
+
+class ExperimentError(UserError, ValueError):
+    """An experiment directory that cannot be used as asked; the message says what to do."""
+
+
+def adopt_assets(config: ExperimentConfig, exp_dir: str | os.PathLike) -> ExperimentConfig:
+    """Copies the tokenizer and CMVN statistics a training config names into `exp_dir` (on
+    the first run) or checks that they are still the ones it holds (on a resume); returns
+    the config as the experiment records it: assets inside, shard directories absolute."""
+    exp_dir = Path(exp_dir)
+    data = config.data
+    _adopt_tokenizer(Path(data.tokenizer), exp_dir / TOKENIZER_DIR)
+    cmvn = None
+    if data.cmvn:
+        _adopt_file(Path(data.cmvn), exp_dir / CMVN_FILE, "data.cmvn")
+        cmvn = CMVN_FILE
+    shards = {
+        key: str(Path(value).resolve()) if value else value
+        for key, value in (("train_shards", data.train_shards), ("dev_shards", data.dev_shards))
+    }
+    data = dataclasses.replace(data, tokenizer=TOKENIZER_DIR, cmvn=cmvn, **shards)
+    return dataclasses.replace(config, data=data)
+
+
+def _adopt_tokenizer(source: Path, target: Path) -> None:
+    if source.resolve() == target.resolve():
+        return
+    for name in TOKENIZER_FILES:
+        if not (source / name).is_file():
+            raise FileNotFoundError(
+                f"data.tokenizer: {source / name} missing (train one with `asrkit tokenizer "
+                "train`, or point data.tokenizer at its directory)"
+            )
+    if target.exists():
+        if not all(filecmp.cmp(source / n, target / n, shallow=False) for n in TOKENIZER_FILES):
+            raise ExperimentError(
+                f"data.tokenizer: {source} differs from the tokenizer this experiment was "
+                f"trained with ({target}); train into a new --exp-dir, or fine-tune there with "
+                "--init-from"
+            )
+        return
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in TOKENIZER_FILES:
+        shutil.copy2(source / name, tmp / name)
+    os.replace(tmp, target)
+
+
+def _adopt_file(source: Path, target: Path, key: str) -> None:
+    if source.resolve() == target.resolve():
+        return
+    if not source.is_file():
+        raise FileNotFoundError(f"{key}: {source} missing")
+    if target.exists():
+        if not filecmp.cmp(source, target, shallow=False):
+            raise ExperimentError(
+                f"{key}: {source} differs from the copy this experiment was trained with "
+                f"({target}); train into a new --exp-dir"
+            )
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(source, target)
+
+
+def load_experiment_config(exp_dir: str | os.PathLike) -> ExperimentConfig:
+    """An experiment's config with its tokenizer and CMVN paths resolved inside `exp_dir`."""
+    exp_dir = Path(exp_dir)
+    if not (exp_dir / CONFIG_FILE).is_file():
+        raise FileNotFoundError(
+            f"{exp_dir}: not an experiment directory (no {CONFIG_FILE}; made by asrkit train)"
+        )
+    return resolve_assets(load_config(exp_dir / CONFIG_FILE), exp_dir)
+
+
+def resolve_assets(config: ExperimentConfig, exp_dir: str | os.PathLike) -> ExperimentConfig:
+    """A recorded config with its (experiment-relative) tokenizer and CMVN paths made
+    usable from any working directory."""
+    exp_dir, data = Path(exp_dir), config.data
+    resolved = dataclasses.replace(
+        data,
+        tokenizer=str(exp_dir / data.tokenizer),
+        cmvn=str(exp_dir / data.cmvn) if data.cmvn else None,
+    )
+    return dataclasses.replace(config, data=resolved)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A trained experiment loaded for inference: the network with its weights, and what
+    turns audio into its inputs and its outputs into text."""
+
+    network: Transducer
+    config: ExperimentConfig
+    tokenizer: Tokenizer
+    normalizer: GlobalNormalizer | None
+    weights: str  # which weights: "ckpt-00000420", "average of ckpt-… (3)", or a path
+
+
+def load_experiment(
+    exp_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None, average: int = 1
+) -> Experiment:
+    """The network of an experiment with `checkpoint`'s weights if given, else the average
+    of its last `average` checkpoints (1: the latest). No optimizer state is created."""
+    config = load_experiment_config(exp_dir)
+    tokenizer = Tokenizer.load(config.data.tokenizer)
+    network = build_network(config, tokenizer.vocab_size)
+    if checkpoint:
+        restore(network, checkpoint)
+        weights = str(checkpoint)
+    else:
+        found = last_checkpoints(Path(exp_dir) / "checkpoints", max(average, 1))
+        if len(found) == 1:
+            restore(network, found[0])
+            weights = found[0].name
+        else:
+            assign_weights(network, average_checkpoints(found))
+            weights = f"average of {found[0].name}..{found[-1].name} ({len(found)})"
+    return Experiment(network, config, tokenizer, normalizer_for(config.data.cmvn), weights)
+
+
+def build_network(config: ExperimentConfig, vocab_size: int) -> Transducer:
+    """The transducer network a config describes, built (variables created)."""
+    network = Transducer(vocab_size, config.model, name="transducer")
+    network.build_from_features(config.features.num_mel_bins)
+    return network
