@@ -1,14 +1,23 @@
 """asrkit: RNN-Transducer speech recognition training on TensorFlow 2 / Keras 3.
 
-Dependency direction (arrows point from the importer to what it may import):
+Dependency direction — each layer imports only the layers below it (checked by
+`tests/test_architecture.py` over the parsed imports):
 
-    config   <- features, tokenizer <- data
-    models   <- losses
-    data, models, losses, decoding <- training
-    everything <- cli
+    cli
+    training                 the task (loss + accumulation engine), train loop, verify
+    export                   SavedModel of a loaded experiment
+    decoding                 greedy / beam search, decoding test sets
+    experiment               an experiment directory, loaded for inference
+    checkpoints              checkpoint I/O
+    models, losses           the transducer network; the RNN-T loss
+    data                     manifests, corpora, shards, tf.data pipeline
+    features                 log-mel, frame arithmetic, CMVN statistics
+    audio, tokenizer, metrics
+    config, progress
+    errors
 
 Models never import data or training; nothing imports cli. Importing asrkit has no side
 effects: no environment variables, logging configuration or device probing happen here.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -77,7 +77,7 @@ def test_averaging_more_than_kept_is_a_clear_error(tmp_path):
     manager = CheckpointManager(tmp_path / "checkpoints", keep=2)
     for updates in (1, 2, 3):
         manager.save(model, TrainState(0, 0, updates))
-    with pytest.raises(ValueError, match=r"2 checkpoint.*last 3.*keep_checkpoints"):
+    with pytest.raises(CheckpointError, match=r"2 checkpoint.*last 3.*keep_checkpoints"):
         average_last(tmp_path, last=3)
 
 

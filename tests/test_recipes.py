@@ -8,6 +8,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = [
     "model.encoder.lstm_units=16", "model.encoder.lstm_layers=1",
@@ -17,6 +19,7 @@ TINY_MODEL = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_mini_recipe_runs_every_stage_and_reruns_nothing(tmp_path):
     asrkit = Path(sys.executable).parent / "asrkit"
     env = dict(os.environ, ASRKIT=str(asrkit), ASRKIT_NO_APT="1")
@@ -52,6 +55,7 @@ TINY_CONFORMER = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_librispeech_recipe_runs_every_stage_on_a_synthetic_corpus(tmp_path):
     """Every stage of recipes/librispeech/train.sh on a tiny synthetic LibriSpeech layout: one
     part given as an official-style archive (stage 0 extracts it), the real config with a

@@ -29,11 +29,13 @@ def main() -> None:
 
     from asrkit.audio import read_audio
     from asrkit.data.manifest import read_manifest
-    from asrkit.decoding.runner import decode_manifest, load_experiment
+    from asrkit.decoding.runner import decode_manifest
     from asrkit.decoding.search import DecodeOptions
+    from asrkit.experiment import load_experiment
     from asrkit.export import export_model
 
-    model, config, tokenizer = load_experiment(args.exp_dir, average=args.average)
+    experiment = load_experiment(args.exp_dir, average=args.average)
+    model, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     s = config.decode.max_symbols_per_step
     methods = [("greedy", DecodeOptions("greedy", max_symbols_per_step=s))]
     methods += [(f"beam {b}", DecodeOptions("beam", int(b), s)) for b in args.beams.split(",")]

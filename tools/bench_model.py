@@ -31,6 +31,7 @@ def main() -> None:
 
     from asrkit.config import load_config
     from asrkit.models.transducer import Transducer
+    from asrkit.training.task import TransducerTask
 
     recipes = Path(__file__).resolve().parents[1] / "recipes"
     models = {
@@ -47,7 +48,7 @@ def main() -> None:
             rng.integers(1, vocab, (args.batch, args.labels)).astype(np.int32),
             np.full(args.batch, args.labels, np.int32),
         )
-        model = Transducer(vocab, config)
+        model = TransducerTask(Transducer(vocab, config))
         model.compile(keras.optimizers.AdamW(1e-4), accumulation_steps=1)
         model.build_engine(batch)
         params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)

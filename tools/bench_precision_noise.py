@@ -27,20 +27,21 @@ def main() -> None:
     import tensorflow as tf
 
     from asrkit.config import load_config
-    from asrkit.data.pipeline import bucket_plan, make_dataset
+    from asrkit.data.pipeline import bucket_plan, make_dataset, pipeline_config
     from asrkit.data.records import shard_lengths
-    from asrkit.decoding.runner import normalizer_for
+    from asrkit.experiment import resolve_assets
+    from asrkit.features import normalizer_for
     from asrkit.models.transducer import Transducer
     from asrkit.tokenizer import Tokenizer
-    from asrkit.training.trainer import pipeline_config
+    from asrkit.training.task import TransducerTask
 
     off = ["model.encoder.dropout=0", "model.predictor.dropout=0"]
-    config = load_config(f"{args.exp_dir}/config.yaml", off)
+    config = resolve_assets(load_config(f"{args.exp_dir}/config.yaml", off), args.exp_dir)
     tokenizer = Tokenizer.load(config.data.tokenizer)
     files, lengths = shard_lengths(config.data.train_shards)
     pipe = dataclasses.replace(pipeline_config(config), spec_augment=None)
     dataset = make_dataset(files, pipe, *bucket_plan(lengths, pipe), training=True,
-                           normalize=normalizer_for(config))  # fmt: skip
+                           normalize=normalizer_for(config.data.cmvn))  # fmt: skip
     batch = next(iter(dataset))[:4]
     order = tf.random.shuffle(tf.range(tf.shape(batch[0])[0]), seed=1)
     layouts = {
@@ -52,7 +53,7 @@ def main() -> None:
     for precision in ("float32", "mixed_float16", "mixed_bfloat16"):
         keras.mixed_precision.set_dtype_policy(precision)
         keras.utils.set_random_seed(0)
-        model = Transducer(tokenizer.vocab_size, config.model)
+        model = TransducerTask(Transducer(tokenizer.vocab_size, config.model))
 
         def gradient(data, model=model):
             with tf.GradientTape() as tape:

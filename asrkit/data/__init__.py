@@ -1,1 +1,2 @@
-"""Data: manifests (JSONL), corpus preparation, and (later) TFRecord shards and tf.data input."""
+"""Data: manifests (JSONL), corpus preparation (LibriSpeech layout, the synthetic TTS corpus),
+TFRecord shards with their fingerprints, and the bucketed tf.data input pipeline."""

@@ -1,5 +1,3 @@
-"""Models: subsampling, encoders (Conformer, LSTM), predictor, joint, and the Transducer.
-
-Models never import data or training (the Transducer's base class comes from
-`asrkit.training.accumulation`, the engine every trainable model shares).
-"""
+"""Models: the transducer network (subsampling, Conformer and LSTM encoders, predictor,
+joint) as plain Keras layers. Models never import data, decoding or training: the
+training task that wraps the network lives in `asrkit.training.task`."""

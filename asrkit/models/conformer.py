@@ -15,7 +15,8 @@ import math
 import keras
 import tensorflow as tf
 
-from asrkit.models.subsampling import CompositeLayer, ConvSubsampling, zero_padding
+from asrkit.models.layers import CompositeLayer, zero_padding
+from asrkit.models.subsampling import ConvSubsampling
 
 
 def rotary(x: tf.Tensor) -> tf.Tensor:

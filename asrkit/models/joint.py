@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from asrkit.models.subsampling import CompositeLayer
+from asrkit.models.layers import CompositeLayer
 
 
 @keras.saving.register_keras_serializable(package="asrkit")

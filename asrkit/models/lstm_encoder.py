@@ -9,7 +9,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from asrkit.models.subsampling import CompositeLayer, ConvSubsampling, zero_padding
+from asrkit.models.layers import CompositeLayer, zero_padding
+from asrkit.models.subsampling import ConvSubsampling
 
 
 @keras.saving.register_keras_serializable(package="asrkit")

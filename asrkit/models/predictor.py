@@ -9,7 +9,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from asrkit.models.subsampling import CompositeLayer
+from asrkit.models.layers import CompositeLayer
 from asrkit.tokenizer import BLANK_ID
 
 

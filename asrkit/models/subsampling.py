@@ -11,13 +11,7 @@ import keras
 import tensorflow as tf
 
 from asrkit.features import conv_frames, encoder_frames
-
-
-class CompositeLayer(keras.layers.Layer):
-    """A layer made only of sub-layers, which build themselves on their first call."""
-
-    def build(self, *args, **kwargs):
-        self.built = True
+from asrkit.models.layers import CompositeLayer, zero_padding
 
 
 @keras.saving.register_keras_serializable(package="asrkit")
@@ -51,9 +45,3 @@ class ConvSubsampling(CompositeLayer):
 
     def get_config(self):
         return {**super().get_config(), "filters": self.filters, "output_dim": self.output_dim}
-
-
-def zero_padding(x, lengths):
-    """x [B, T, ...] with every frame at t >= lengths[b] set to 0."""
-    mask = tf.sequence_mask(lengths, tf.shape(x)[1], dtype=x.dtype)
-    return x * tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([tf.rank(x) - 2], tf.int32)], 0))

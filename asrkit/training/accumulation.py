@@ -19,12 +19,12 @@ One call of the train function ("a window") then:
 The decision is taken in Python between two compiled functions, on values identical on
 every replica and worker, so no control flow ever surrounds a cross-replica sync point.
 The optimizer is applied in replica context with the already-reduced gradient, and Keras
-is kept from all-reducing it a second time (see `_gradients_already_reduced`).
+is kept from all-reducing it a second time. The private Keras hooks this needs are all in
+`asrkit.training.keras_hooks`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -32,6 +32,7 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
+from asrkit.training.keras_hooks import gradients_already_reduced, install_loss_tracker
 from asrkit.training.loss_scale import LossScaleSettings, unwrap_optimizer
 
 
@@ -147,9 +148,8 @@ class AccumulatingModel(keras.Model):
             auto_scale_loss=False,
         )
         # Keras' compile installs a plain Mean as the loss tracker; evaluate() needs
-        # Σ loss_sum / Σ count (the normaliser the updates use). Set without Keras'
-        # attribute tracking, like the Mean it replaces: a metric, not a model variable.
-        object.__setattr__(self, "_loss_tracker", WindowMean(name="loss"))
+        # Σ loss_sum / Σ count (the normaliser the updates use).
+        install_loss_tracker(self, WindowMean(name="loss"))
 
     @property
     def accumulation(self) -> AccumulationSettings:
@@ -327,7 +327,7 @@ class AccumulatingModel(keras.Model):
     def _apply_window(self, loss_sum, count):
         """One optimizer update from the reduced window gradient left in the accumulators."""
         strategy, engine = self.distribute_strategy, self._engine
-        with strategy.scope(), _gradients_already_reduced(self.optimizer):
+        with strategy.scope(), gradients_already_reduced(self.optimizer):
             strategy.run(self._apply_replica)
             engine.consecutive.assign(0)
             engine.epoch_loss_sum.assign_add(loss_sum)
@@ -373,29 +373,6 @@ class AccumulatingModel(keras.Model):
         if self._accumulation.loss_scale.enabled:
             logs["loss_scale"] = float(engine.loss_scale.numpy())
         return logs
-
-
-@contextlib.contextmanager
-def _gradients_already_reduced(optimizer):
-    """Stops a Keras TF optimizer from all-reducing gradients that are already reduced.
-
-    The one private hook in asrkit. Applied in replica context (Keras' normal path: it
-    reaches the variables through merge_call and `strategy.extended.update`), Keras' TF
-    optimizer first sums the gradients over replicas with `_all_reduce_sum_gradients`;
-    our window gradient is already that sum, so the hook becomes the identity while the
-    update is traced. `tests/training/test_keras_contract.py` fails loudly if Keras
-    renames or stops using it.
-    """
-    if not hasattr(type(optimizer), "_all_reduce_sum_gradients"):
-        raise RuntimeError(
-            f"{type(optimizer).__name__} has no _all_reduce_sum_gradients: this Keras version "
-            "changed the optimizer's distribution path; asrkit's accumulation needs updating."
-        )
-    optimizer._all_reduce_sum_gradients = list
-    try:
-        yield
-    finally:
-        del optimizer._all_reduce_sum_gradients
 
 
 def _per_replica_compiled(fn):

@@ -1,11 +1,18 @@
 """The Keras behaviour asrkit's engine relies on. A failure here means Keras changed: update
-`asrkit/training/accumulation.py` (its one private hook is `_gradients_already_reduced`)."""
+`asrkit/training/keras_hooks.py`, where every private hook is listed."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from asrkit.training.accumulation import AccumulatingModel, _gradients_already_reduced
+from asrkit.training.accumulation import AccumulatingModel, WindowMean
+from asrkit.training.keras_hooks import (
+    SYMBOLIC_BUILD,
+)
+from asrkit.training.keras_hooks import (
+    gradients_already_reduced as _gradients_already_reduced,
+)
+from tests.training.toy import TokenRegressor
 
 
 def _apply_known_gradient(strategy, hook):
@@ -48,7 +55,18 @@ def test_hook_is_removed_after_use():
 def test_fit_calls_the_symbolic_build_we_override():
     # Keras' own version reduces the first distributed batch with MEAN and fails on odd
     # global batches; ours replaces it. If Keras renames it, ours silently stops applying.
-    assert "_maybe_symbolic_build" in vars(AccumulatingModel)
-    assert any(
-        "_maybe_symbolic_build" in vars(cls) for cls in keras.Model.__mro__ if cls is not object
-    )
+    assert SYMBOLIC_BUILD in vars(AccumulatingModel)
+    assert any(SYMBOLIC_BUILD in vars(cls) for cls in keras.Model.__mro__ if cls is not object)
+
+
+def test_compile_installs_the_loss_tracker_we_replace():
+    # Keras' compile sets a private `_loss_tracker` (a Mean) that `metrics` lists first;
+    # asrkit swaps in its Σ loss / Σ count metric right after.
+    plain = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    plain.compile("sgd", loss="mse")
+    assert isinstance(plain._loss_tracker, keras.metrics.Mean)
+    assert plain.metrics[0] is plain._loss_tracker
+    ours = TokenRegressor()
+    ours.compile(keras.optimizers.SGD(0.1))
+    assert isinstance(ours._loss_tracker, WindowMean)
+    assert [m.name for m in ours.metrics] == ["loss"]

@@ -151,6 +151,7 @@ def test_resume_from_a_mid_epoch_checkpoint_ends_identical(workdir, uninterrupte
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_moment_then_resume_ends_identical(workdir, uninterrupted):
     exp = workdir / "exp_kill"
     cmd = [sys.executable, "-m", "asrkit.cli.main", "train", "--config", "conf.yaml",
@@ -231,6 +232,54 @@ def test_a_failing_save_stops_training_and_keeps_earlier_checkpoints(workdir, mo
     assert [p.name for p in kept] == ["ckpt-00000001", "ckpt-00000002"]
     assert all(read_weights(p) for p in kept)
     assert not list((workdir / "exp_full" / "checkpoints").glob("*.tmp"))
+
+
+@pytest.mark.slow
+def test_a_moved_experiment_works_from_any_directory(workdir, uninterrupted, tmp_path):
+    """Everything an experiment needs lives inside it: after moving it, decode, average,
+    transcribe, export and --init-from work from another working directory."""
+    moved = tmp_path / "elsewhere" / "exp"
+    shutil.copytree(workdir / "exp_a", moved)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    asrkit = Path(sys.executable).parent / "asrkit"
+
+    def run(*args, where=cwd):
+        done = subprocess.run([asrkit, *map(str, args)], cwd=where, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    dev = workdir / "shards" / "dev"
+    run("decode", "--exp-dir", moved, "--shards", dev, "--out", tmp_path / "moved")
+    run("decode", "--exp-dir", "exp_a", "--shards", dev, "--out", tmp_path / "there",
+        where=workdir)  # fmt: skip
+    hyps = [(tmp_path / d / "hyp.txt").read_text() for d in ("moved", "there")]
+    assert hyps[0] == hyps[1] and hyps[0].strip()
+    assert "averaged" in run("average", "--exp-dir", moved, "--last", "2")
+    audio = sorted((workdir / "corpus").rglob("*.flac"))[0]
+    assert str(audio) in run("transcribe", "--exp-dir", moved, audio)
+    run("export", "--exp-dir", moved, "--out", tmp_path / "export")
+    out = run("train", "--config", workdir / "conf.yaml", "--exp-dir", tmp_path / "ft",
+              "--init-from", moved, "--set", f"data.train_shards={workdir / 'shards/train'}",
+              "--set", f"data.tokenizer={moved / 'tokenizer'}", "--set", "data.dev_shards=null",
+              "--set", "train.epochs=1")  # fmt: skip
+    assert "initialised 24 variables" in out, out
+
+
+def test_a_retrained_tokenizer_cannot_silently_change_an_experiment(workdir, tmp_path):
+    from asrkit.experiment import ExperimentError, adopt_assets
+
+    shutil.copytree(workdir / "tokenizer", tmp_path / "tok")
+    config = load_config(workdir / "conf.yaml", [f"data.tokenizer={tmp_path / 'tok'}"])
+    recorded = adopt_assets(config, tmp_path / "exp")
+    assert recorded.data.tokenizer == "tokenizer"
+    assert (tmp_path / "exp" / "tokenizer" / "tokenizer.model").exists()
+    adopt_assets(config, tmp_path / "exp")  # the same tokenizer again: a resume, fine
+    texts = [u.text for u in read_manifest(workdir / "data" / "train-clean-100.jsonl")]
+    train_tokenizer(texts * 3, tmp_path / "tok", 20, "char")  # retrained in place
+    with pytest.raises(ExperimentError, match="differs from the tokenizer this experiment"):
+        adopt_assets(config, tmp_path / "exp")
 
 
 def _verify(workdir, *overrides):
@@ -351,6 +400,7 @@ def test_jit_compile_under_mirrored_trains_like_without(workdir):
         np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
 
 
+@pytest.mark.slow
 def test_two_worker_training_equals_one_process_with_the_same_global_batches(workdir, tmp_path):
     """`asrkit train` as 2 MultiWorkerMirrored processes on loopback: each global micro-batch
     holds data.batch_seconds per replica and is split between the workers. One process with

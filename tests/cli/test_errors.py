@@ -1,0 +1,84 @@
+"""Commands speak like a tool: a user error is one line `asrkit <command>: error: ...` on
+stderr and exit code 2, never a traceback, and TensorFlow's start-up chatter stays quiet."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asrkit.cli.main import main
+
+ASRKIT = Path(sys.executable).parent / "asrkit"
+
+
+def _one_error_line(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"asrkit {command}: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "command", "names"),
+    [
+        (["prepare", "librispeech", "--root", "{tmp}/nothing", "--parts", "dev-clean",
+          "--out", "{tmp}/data"], "prepare", "{tmp}/nothing/dev-clean"),
+        (["decode", "--exp-dir", "{tmp}/nowhere", "--manifest", "m.jsonl"], "decode",
+         "{tmp}/nowhere: not an experiment directory"),
+        (["transcribe", "--exp-dir", "{tmp}/nowhere", "a.flac"], "transcribe", "{tmp}/nowhere"),
+        (["export", "--exp-dir", "{tmp}/nowhere", "--out", "{tmp}/x"], "export", "{tmp}/nowhere"),
+        (["average", "--exp-dir", "{tmp}", "--last", "2"], "average", "no checkpoint"),
+        (["train", "--config", "{tmp}/missing.yaml", "--exp-dir", "{tmp}/e"], "train",
+         "{tmp}/missing.yaml: no such config file"),
+        (["train", "--config", "{tmp}/bad.yaml", "--exp-dir", "{tmp}/e"], "train",
+         "unknown key 'epoch' in section 'train'"),
+        (["train", "--set", "train.epochs=0", "--exp-dir", "{tmp}/e"], "train",
+         "train.epochs must be >= 1"),
+        (["train", "--set", "data.train_shards={tmp}", "--set", "data.tokenizer={tmp}/tok",
+          "--exp-dir", "{tmp}/e"], "train", "{tmp}/tok/tokenizer.model missing"),
+        (["features", "extract", "--manifest", "{tmp}/m.jsonl", "--tokenizer", "{tmp}/tok",
+          "--out", "{tmp}/s"], "features extract", "{tmp}/tok/tokenizer.json: missing"),
+        (["features", "cmvn", "--shards", "{tmp}", "--out", "{tmp}/c.json"], "features cmvn",
+         "{tmp}/shards.json: missing"),
+        (["tokenizer", "train", "--manifest", "{tmp}/none.jsonl", "--vocab-size", "8",
+          "--out", "{tmp}/t"], "tokenizer train", "{tmp}/none.jsonl"),
+    ],
+)  # fmt: skip
+def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, command, names):
+    (tmp_path / "bad.yaml").write_text("train:\n  epoch: 3\n")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert main(argv) == 2
+    line = _one_error_line(capsys, command)
+    assert names.format(tmp=tmp_path) in line
+
+
+def test_a_mistake_run_as_a_command_prints_no_traceback_and_no_tensorflow_noise(tmp_path):
+    run = subprocess.run(
+        [ASRKIT, "decode", "--exp-dir", str(tmp_path / "nowhere"), "--manifest", "m.jsonl"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        f"asrkit decode: error: {tmp_path / 'nowhere'}: not an experiment directory "
+        "(no config.yaml; made by asrkit train)"
+    ]
+    verbose = subprocess.run(
+        [ASRKIT, "--verbose", "decode", "--exp-dir", "nowhere", "--manifest", "m.jsonl"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert verbose.returncode == 2 and len(verbose.stderr.strip().splitlines()) > 1
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        main(["--debug", "decode", "--exp-dir", str(tmp_path), "--manifest", "m.jsonl"])
+
+
+def test_an_experiment_without_its_tokenizer_is_a_clear_error(tmp_path, capsys):
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "config.yaml").write_text(json.dumps({"data": {"tokenizer": "tokenizer"}}))
+    assert main(["decode", "--exp-dir", str(exp), "--manifest", "m.jsonl"]) == 2
+    assert f"{exp}/tokenizer/tokenizer.json: missing" in _one_error_line(capsys, "decode")

@@ -1,0 +1,122 @@
+"""Shard fingerprints and transcripts: mismatched shards are refused naming what differs,
+and the reference text comes from the transcript, not from token ids."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from asrkit.config import ExperimentConfig, FeatureConfig, load_config
+from asrkit.data.librispeech import prepare_librispeech
+from asrkit.data.manifest import read_manifest
+from asrkit.data.pipeline import PipelineConfig
+from asrkit.data.records import (
+    ShardMismatch,
+    check_shards,
+    parse_example,
+    shard_features,
+    write_shards,
+)
+from asrkit.data.synthetic import make_synthetic_corpus
+from asrkit.decoding.runner import decode_shards
+from asrkit.tokenizer import train_tokenizer
+from tests.decoding.conftest import tiny_transducer
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    work = tmp_path_factory.mktemp("records")
+    make_synthetic_corpus(work / "corpus", "tiny", seed=7, show_progress=False)
+    prepare_librispeech(work / "corpus", ["train-clean-100"], work, show_progress=False)
+    manifest = work / "train-clean-100.jsonl"
+    texts = [u.text for u in read_manifest(manifest)]
+    tok = train_tokenizer(texts * 3, work / "tok", 30, "char")
+    return work, manifest, tok
+
+
+def _config(**features):
+    return ExperimentConfig(features=FeatureConfig(**features))
+
+
+def test_shards_carry_a_fingerprint_and_are_refused_on_other_settings(corpus, tmp_path):
+    _, manifest, tok = corpus
+    small = FeatureConfig(num_mel_bins=64)
+    write_shards(manifest, tok, tmp_path / "s64", num_shards=2, config=small, show_progress=False)
+    check_shards(tmp_path / "s64", _config(num_mel_bins=64), tok)  # the settings they were made
+    with pytest.raises(ShardMismatch, match=r"features\.num_mel_bins 64 != 80"):
+        check_shards(tmp_path / "s64", _config(), tok)
+    other = train_tokenizer([u.text for u in read_manifest(manifest)] * 3, tmp_path / "tok2",
+                            24, "char")  # fmt: skip
+    with pytest.raises(ShardMismatch, match=r"tokenizer \w+ != \w+"):
+        check_shards(tmp_path / "s64", _config(num_mel_bins=64), other)
+    # A rerun of extraction into the same directory with other settings is refused too.
+    with pytest.raises(ShardMismatch, match=r"features\.num_mel_bins 64 != 80.*another --out"):
+        write_shards(manifest, tok, tmp_path / "s64", num_shards=2, show_progress=False)
+    with pytest.raises(ShardMismatch, match=r"speeds"):
+        write_shards(manifest, tok, tmp_path / "s64", num_shards=2, config=small,
+                     speeds=(0.9, 1.0), show_progress=False)  # fmt: skip
+    index = json.loads((tmp_path / "s64" / "shards.json").read_text())
+    assert index["fingerprint"]["features"]["num_mel_bins"] == 64
+    # and the statistics are computed with those settings (64 bins)
+    files, frames = shard_features(tmp_path / "s64", small)
+    assert next(iter(frames)).shape[-1] == 64 and len(files) == 2
+    with pytest.raises(ShardMismatch, match="--config"):
+        shard_features(tmp_path / "s64", FeatureConfig())
+
+
+def test_shards_made_before_fingerprints_are_refused(corpus, tmp_path):
+    _, manifest, tok = corpus
+    write_shards(manifest, tok, tmp_path / "old", num_shards=1, show_progress=False)
+    (tmp_path / "old" / "shards.json").write_text(json.dumps({"speeds": [1.0]}))
+    with pytest.raises(ShardMismatch, match=r"asrkit 0\.1.*features extract"):
+        check_shards(tmp_path / "old", _config(), tok)
+
+
+def test_references_are_the_stored_transcripts_not_token_ids(corpus, tmp_path):
+    _, manifest, _ = corpus
+    utts = read_manifest(manifest)
+    # A tokenizer that never saw most letters: their ids are <unk>, decoded as "⁇".
+    narrow = train_tokenizer(["A B C", "ABC CBA"] * 3, tmp_path / "narrow", 6, "char")
+    write_shards(manifest, narrow, tmp_path / "s", num_shards=1, show_progress=False)
+    records = [parse_example(r, 80) for r in tf.data.TFRecordDataset(
+        sorted(str(p) for p in (tmp_path / "s").glob("*.tfrecord")))]  # fmt: skip
+    stored = {e["id"].numpy().decode(): e["text"].numpy().decode() for e in records}
+    assert stored == {u.id: u.text for u in utts}
+    assert any("\u2047" in narrow.decode(e["labels"].numpy()) for e in records)
+    network = tiny_transducer(narrow.vocab_size, seed=0)
+    report = decode_shards(network, tmp_path / "s", narrow, PipelineConfig(batch_seconds=20.0))
+    assert {u.id: u.reference for u in report.utterances} == {u.id: u.text for u in utts}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.epochs=0", "train.epochs must be >= 1, got 0"),
+        ("train.keep_checkpoints=0", "train.keep_checkpoints must be >= 1"),
+        ("data.batch_seconds=0", "data.batch_seconds must be > 0"),
+        ("train.learning_rate=-1", "train.learning_rate must be > 0"),
+        ("model.encoder.dropout=1.5", r"model.encoder.dropout must be in \[0, 1\)"),
+        ("decode.max_symbols_per_step=0", "decode.max_symbols_per_step must be >= 1"),
+        ("train.max_symbols_per_step=2", "now 'decode.max_symbols_per_step'"),
+    ],
+)
+def test_config_values_are_range_checked_with_the_key_named(override, message):
+    from asrkit.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_features_are_those_the_config_names(corpus, tmp_path):
+    _, manifest, tok = corpus
+    write_shards(manifest, tok, tmp_path / "a", num_shards=1, show_progress=False,
+                 config=FeatureConfig(num_mel_bins=40, frame_step=80))  # fmt: skip
+    e = parse_example(next(iter(tf.data.TFRecordDataset(
+        str(next((tmp_path / "a").glob("*.tfrecord")))))), 40)  # fmt: skip
+    assert e["features"].shape[-1] == 40
+    # a 5 ms hop: the frame formula with frame_step 80, not the default 160
+    ref = next(u for u in read_manifest(manifest) if u.id == e["id"].numpy().decode())
+    samples = round(ref.duration * 16000)
+    assert int(e["feature_lengths"]) == pytest.approx(1 + (samples - 400) // 80, abs=1)
+    assert np.isfinite(e["features"].numpy()).all()

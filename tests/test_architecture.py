@@ -1,0 +1,105 @@
+"""Dependencies point one way (asrkit/__init__.py draws the layers); inference needs no
+training code and no optimizer state."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "asrkit"
+
+# Lower rank = lower layer. A module may import modules of a strictly lower rank, or of
+# its own top-level part (a package's modules import each other).
+RANKS = {
+    "asrkit": 0, "errors": 0,
+    "config": 1, "progress": 1,
+    "audio": 2, "tokenizer": 2, "metrics": 2,
+    "features": 3,
+    "data": 4,
+    "models": 5, "losses": 5,
+    "checkpoints": 6,
+    "experiment": 7,
+    "decoding": 8,
+    "export": 9,
+    "training": 10,
+    "cli": 11,
+}  # fmt: skip
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "asrkit"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every asrkit module a file imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "asrkit"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found |= {node.module} if node.module.split(".")[0] == "asrkit" else set()
+    return found
+
+
+def test_every_import_points_down():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        module = module.removesuffix(".__init__")
+        mine = _part(module)
+        assert mine in RANKS, f"{path}: place '{mine}' in the layer map"
+        for imported in _imports(path):
+            theirs = _part(imported)
+            if theirs == "asrkit" and imported == "asrkit":
+                continue  # __version__
+            if theirs != mine and RANKS[theirs] >= RANKS[mine]:
+                upward.append(f"{module} imports {imported}")
+    assert not upward, "\n".join(upward)
+
+
+def test_the_import_check_would_catch_an_upward_import(tmp_path):
+    bad = tmp_path / "m.py"
+    bad.write_text("def f():\n    from asrkit.training.trainer import train\n")
+    assert _imports(bad) == {"asrkit.training.trainer"}
+
+
+def test_nothing_outside_cli_imports_cli():
+    for path in [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "tools").glob("*.py")]:
+        if "cli" in path.relative_to(PACKAGE.parent).parts:
+            continue
+        assert not any(_part(m) == "cli" for m in _imports(path)), path
+
+
+def test_decoding_models_and_export_do_not_import_training():
+    code = (
+        "import sys, asrkit.decoding, asrkit.models.transducer, asrkit.export, asrkit.experiment\n"
+        "print(sorted(m for m in sys.modules if m.startswith('asrkit.training')))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_model_loaded_for_inference_has_no_optimizer_state(tmp_path):
+    import keras
+
+    from asrkit.checkpoints import CheckpointManager, TrainState
+    from asrkit.config import DataConfig, ExperimentConfig, dump_config
+    from asrkit.experiment import adopt_assets, build_network, load_experiment
+    from asrkit.tokenizer import train_tokenizer
+    from tests.tiny import tiny_model_config
+
+    tok = train_tokenizer(["A B C", "ABC CBA"] * 3, tmp_path / "tok", 6, "char")
+    config = ExperimentConfig(
+        model=tiny_model_config(), data=DataConfig(tokenizer=str(tmp_path / "tok"))
+    )
+    exp = tmp_path / "exp"
+    (exp).mkdir()
+    (exp / "config.yaml").write_text(dump_config(adopt_assets(config, exp)))
+    network = build_network(config, tok.vocab_size)
+    CheckpointManager(exp / "checkpoints").save(network, TrainState(0, 0, 1))
+    loaded = load_experiment(exp).network
+    assert isinstance(loaded, keras.Model) and getattr(loaded, "optimizer", None) is None
+    assert [v.shape for v in loaded.variables] == [v.shape for v in network.variables]
+    assert not any("accum" in v.path or "optimizer" in v.path for v in loaded.variables)
