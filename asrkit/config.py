@@ -58,6 +58,7 @@ class FeatureConfig:
 
 ENCODERS = ("conformer", "lstm")
 NORMALIZERS = ("tokens", "utterances")
+LOSSES = ("full", "pruned")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ class EncoderConfig:
     lstm_units: int = 320
     lstm_layers: int = 2
     dropout: float = 0.1
+    # Recompute each block's activations in the backward pass instead of storing them
+    # (less memory, one more forward of the encoder; dropout masks are replayed exactly).
+    recompute: bool = False
 
     def __post_init__(self):
         if self.kind not in ENCODERS:
@@ -101,9 +105,29 @@ class ModelConfig:
     predictor: PredictorConfig = PredictorConfig()
     joint_dim: int = 320
     normalize_by: str = "tokens"  # tokens | utterances: what the loss is averaged over
+    # Training loss: the joint's output layer fused with the RNN-T loss, chunk by chunk
+    # (never the whole [B, T, U+1, V]); false: logits first, then the loss (the reference).
+    fused_joint_loss: bool = True
+    joint_chunk_mb: float = 64.0  # budget for one fused chunk's float32 temporaries
+    # "pruned": k2's pruned RNN-T — a trivial-joiner "simple" loss picks a band of
+    # `prune_range` symbols per frame, the full joint runs only there (training only).
+    loss: str = "full"  # full | pruned
+    prune_range: int = 5
+    simple_loss_scale: float = 0.5  # after the warm-up; 1.0 at update 0
+    loss_warmup_updates: int = 2000  # simple 1 -> scale, pruned 0.1 -> 1, in updates
+    lm_only_scale: float = 0.25  # smoothing of the simple loss (icefall's defaults)
+    am_only_scale: float = 0.0
 
     def __post_init__(self):
-        _at_least(self, "model", joint_dim=1)
+        _at_least(self, "model", joint_dim=1, prune_range=2, loss_warmup_updates=0)
+        if self.loss not in LOSSES:
+            raise ValueError(f"model.loss must be one of {LOSSES}, got {self.loss!r}")
+        for key in ("simple_loss_scale", "lm_only_scale", "am_only_scale"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ValueError(f"model.{key} must be in [0, 1], got {getattr(self, key)}")
+        if self.lm_only_scale + self.am_only_scale >= 1:
+            raise ValueError("model.lm_only_scale + model.am_only_scale must be < 1")
+        _positive(self, "model", "joint_chunk_mb")
         if self.normalize_by not in NORMALIZERS:
             raise ValueError(
                 f"model.normalize_by must be one of {NORMALIZERS}, got {self.normalize_by!r}"
@@ -125,10 +149,11 @@ class DataConfig:
     num_buckets: int = 8
     shuffle_buffer: int = 2048
     spec_augment: bool = True
+    label_pad_multiple: int = 8  # pad U to a multiple: fewer distinct shapes to compile
 
     def __post_init__(self):
         _positive(self, "data", "batch_seconds")
-        _at_least(self, "data", num_buckets=1, shuffle_buffer=1)
+        _at_least(self, "data", num_buckets=1, shuffle_buffer=1, label_pad_multiple=1)
 
 
 @dataclass(frozen=True)

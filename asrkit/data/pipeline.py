@@ -46,6 +46,9 @@ class PipelineConfig:
     shuffle_buffer: int = 2048
     frame_step_seconds: float = 0.01
     spec_augment: SpecAugmentConfig | None = field(default_factory=SpecAugmentConfig)
+    # Labels are padded to a multiple of this (with blank, beyond label_lengths): a new
+    # longest transcript then rarely means a new shape, so compiled steps are reused.
+    label_pad_multiple: int = 8
 
 
 def pipeline_config(config: ExperimentConfig, replicas: int = 1) -> PipelineConfig:
@@ -56,6 +59,7 @@ def pipeline_config(config: ExperimentConfig, replicas: int = 1) -> PipelineConf
         batch_seconds=d.batch_seconds * replicas,
         num_buckets=d.num_buckets,
         shuffle_buffer=d.shuffle_buffer,
+        label_pad_multiple=d.label_pad_multiple,
         frame_step_seconds=config.features.frame_step / config.features.sample_rate,
         **({} if d.spec_augment else {"spec_augment": None}),
     )
@@ -181,7 +185,7 @@ def make_dataset(
         },
         pad_to_bucket_boundary=False,
     )
-    dataset = dataset.map(lambda b: _pad_to_bucket(b, boundaries))
+    dataset = dataset.map(lambda b: _pad_to_bucket(b, boundaries, config.label_pad_multiple))
     if skip_batches:
         dataset = dataset.skip(skip_batches)
     return dataset.prefetch(tf.data.AUTOTUNE)
@@ -191,8 +195,9 @@ def _without_text(example: dict) -> dict:
     return {key: value for key, value in example.items() if key != "text"}
 
 
-def _pad_to_bucket(batch: dict, boundaries: list[int]) -> Batch:
-    """Pads the time axis to the batch's bucket boundary - 1 (few distinct shapes)."""
+def _pad_to_bucket(batch: dict, boundaries: list[int], label_multiple: int = 1) -> Batch:
+    """Pads the time axis to the batch's bucket boundary - 1 and the label axis to a
+    multiple of `label_multiple` (few distinct shapes)."""
     longest = tf.reduce_max(batch["feature_lengths"])
     bounds = tf.constant(boundaries, tf.int32)
     index = tf.searchsorted(bounds, [longest], side="right")[0]
@@ -202,4 +207,7 @@ def _pad_to_bucket(batch: dict, boundaries: list[int]) -> Batch:
     target = tf.maximum(target, longest)
     pad = target - tf.shape(batch["features"])[1]
     features = tf.pad(batch["features"], [[0, 0], [0, pad], [0, 0]])
-    return Batch(features, batch["feature_lengths"], batch["labels"], batch["label_lengths"])
+    labels = batch["labels"]
+    label_pad = -tf.shape(labels)[1] % label_multiple
+    labels = tf.pad(labels, [[0, 0], [0, label_pad]])
+    return Batch(features, batch["feature_lengths"], labels, batch["label_lengths"])

@@ -178,25 +178,37 @@ def _shift_down(x: tf.Tensor) -> tf.Tensor:
     return tf.concat([x[..., 1:], fill], axis=-1)
 
 
+def _next_labels(labels, label_lengths, u1):
+    """[B, U+1]: the label each lattice row u emits next (0 where there is none)."""
+    label_valid = tf.range(u1 - 1)[None, :] < label_lengths[:, None]  # [B, U]
+    return tf.pad(tf.where(label_valid, labels, 0), [[0, 0], [0, 1]])
+
+
+def _mask_emissions(log_blank, log_label, logit_lengths, label_lengths):
+    """Blank and next-label log-probs [B, T, U+1], log-zero outside each lattice."""
+    shape = tf.shape(log_blank)
+    frames, u1 = shape[1], shape[2]
+    t_valid = tf.range(frames)[None, :] < logit_lengths[:, None]  # [B, T]
+    u_valid = tf.range(u1)[None, :] <= label_lengths[:, None]  # [B, U+1]
+    node_valid = t_valid[:, :, None] & u_valid[:, None, :]
+    edge_valid = t_valid[:, :, None] & (tf.range(u1)[None, :] < label_lengths[:, None])[:, None]
+    return tf.where(node_valid, log_blank, _LOG_ZERO), tf.where(edge_valid, log_label, _LOG_ZERO)
+
+
 def _emission_log_probs(x, labels, logit_lengths, label_lengths, blank, fused):
     """Blank and next-label log-probs [B, T, U+1] (log-zero outside the lattice) and LSE."""
     shape = tf.shape(x)
     frames, u1 = shape[1], shape[2]
-    max_u = u1 - 1
-    label_valid = tf.range(max_u)[None, :] < label_lengths[:, None]  # [B, U]
-    next_label = tf.pad(tf.where(label_valid, labels, 0), [[0, 0], [0, 1]])  # [B, U+1]
+    next_label = _next_labels(labels, label_lengths, u1)
     index = tf.stack([tf.fill(tf.shape(next_label), blank), next_label], axis=-1)  # [B, U+1, 2]
     index = tf.broadcast_to(index[:, None], [shape[0], frames, u1, 2])
     picked = tf.gather(x, index, batch_dims=3)  # [B, T, U+1, 2]
     lse = tf.reduce_logsumexp(x, axis=-1) if fused else None
     if fused:
         picked = picked - lse[..., None]
-    t_valid = tf.range(frames)[None, :] < logit_lengths[:, None]  # [B, T]
-    u_valid = tf.range(u1)[None, :] <= label_lengths[:, None]  # [B, U+1]
-    node_valid = t_valid[:, :, None] & u_valid[:, None, :]
-    edge_valid = t_valid[:, :, None] & (tf.range(u1)[None, :] < label_lengths[:, None])[:, None]
-    log_blank = tf.where(node_valid, picked[..., 0], _LOG_ZERO)
-    log_label = tf.where(edge_valid, picked[..., 1], _LOG_ZERO)
+    log_blank, log_label = _mask_emissions(
+        picked[..., 0], picked[..., 1], logit_lengths, label_lengths
+    )
     return log_blank, log_label, next_label, lse
 
 
@@ -286,17 +298,7 @@ def _forward(logits, labels, logit_lengths, label_lengths, blank, fused):
 @functools.partial(tf.function, jit_compile=True, reduce_retracing=True)
 def _backward(logits, upstream, saved: _Lattice, blank, fused):
     """d(Σ_b upstream_b · loss_b)/d logits = upstream_b · (softmax · occupancy − posteriors)."""
-    upstream = tf.cast(upstream, tf.float32)
-    beta_next = tf.concat([saved.beta[1:], tf.fill(tf.shape(saved.beta[:1]), _LOG_ZERO)], axis=0)
-    # Fold |upstream| into the exponent so scaling costs no extra [B,T,U+1] pass.
-    norm = (saved.log_prob - tf.math.log(tf.abs(upstream)))[None, :, None]
-    sign = tf.sign(upstream)[:, None, None]  # [B, 1, 1]
-    alpha = saved.alpha
-    post_blank = tf.exp(alpha + saved.blank_d + tf.where(saved.terminal, 0.0, beta_next) - norm)
-    post_label = tf.exp(alpha + saved.label_d + _shift_down(beta_next) - norm)
-    frames = tf.shape(logits)[1]
-    post_blank = _unskew(post_blank, frames) * sign  # [B, T, U+1]
-    post_label = _unskew(post_label, frames) * sign
+    post_blank, post_label = _posteriors(saved, upstream, tf.shape(logits)[1])
     x = tf.cast(logits, tf.float32)
     shape = tf.shape(x)
     vocab = shape[3]
@@ -318,6 +320,19 @@ def _backward(logits, upstream, saved: _Lattice, blank, fused):
     updates = tf.concat([tf.reshape(post_blank, [cells]), tf.reshape(post_label, [cells])], 0)
     flat = tf.tensor_scatter_nd_sub(tf.reshape(dense, [cells, vocab]), index, updates)
     return tf.cast(tf.reshape(flat, shape), logits.dtype)
+
+
+def _posteriors(saved: _Lattice, upstream, frames):
+    """upstream_b · the posterior of every blank and label edge, [B, T, U+1] each."""
+    upstream = tf.cast(upstream, tf.float32)
+    beta_next = tf.concat([saved.beta[1:], tf.fill(tf.shape(saved.beta[:1]), _LOG_ZERO)], axis=0)
+    # Fold |upstream| into the exponent so scaling costs no extra [B,T,U+1] pass.
+    norm = (saved.log_prob - tf.math.log(tf.abs(upstream)))[None, :, None]
+    sign = tf.sign(upstream)[:, None, None]  # [B, 1, 1]
+    alpha = saved.alpha
+    post_blank = tf.exp(alpha + saved.blank_d + tf.where(saved.terminal, 0.0, beta_next) - norm)
+    post_label = tf.exp(alpha + saved.label_d + _shift_down(beta_next) - norm)
+    return _unskew(post_blank, frames) * sign, _unskew(post_label, frames) * sign
 
 
 @keras.saving.register_keras_serializable(package="asrkit")

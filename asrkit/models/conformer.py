@@ -15,7 +15,13 @@ import math
 import keras
 import tensorflow as tf
 
-from asrkit.models.layers import CompositeLayer, zero_padding
+from asrkit.models.layers import (
+    CompositeLayer,
+    block_seeds,
+    maybe_recomputed,
+    seeded_dropout,
+    zero_padding,
+)
 from asrkit.models.subsampling import ConvSubsampling
 
 
@@ -30,6 +36,12 @@ def rotary(x: tf.Tensor) -> tf.Tensor:
     return tf.concat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
+def _seed(seed):
+    """A block's dropout seed (the encoder passes one per block per call); a layer used on
+    its own outside training may leave it out."""
+    return tf.zeros([2], tf.int64) if seed is None else tf.cast(seed, tf.int64)
+
+
 @keras.saving.register_keras_serializable(package="asrkit")
 class RotarySelfAttention(CompositeLayer):
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, **kwargs):
@@ -39,10 +51,9 @@ class RotarySelfAttention(CompositeLayer):
         self.d_model, self.num_heads, self.dropout = d_model, num_heads, dropout
         self.qkv = keras.layers.Dense(3 * d_model)
         self.out = keras.layers.Dense(d_model)
-        self.drop = keras.layers.Dropout(dropout)
 
-    def call(self, x, mask, training=False):
-        """x [B, T, D], mask [B, T] bool -> [B, T, D]."""
+    def call(self, x, mask, training=False, seed=None):
+        """x [B, T, D], mask [B, T] bool -> [B, T, D]; `seed` [2] draws the dropout masks."""
         batch, frames = tf.shape(x)[0], tf.shape(x)[1]
         head_dim = self.d_model // self.num_heads
         qkv = tf.reshape(self.qkv(x), [batch, frames, 3, self.num_heads, head_dim])
@@ -51,7 +62,7 @@ class RotarySelfAttention(CompositeLayer):
         scores = tf.cast(scores, tf.float32) / math.sqrt(head_dim)
         scores = tf.where(mask[:, None, None, :], scores, -1e9)
         weights = tf.cast(tf.nn.softmax(scores, axis=-1), x.dtype)
-        weights = self.drop(weights, training=training)
+        weights = seeded_dropout(weights, self.dropout, _seed(seed), 0, training)
         context = tf.einsum("bhts,bshd->bthd", weights, v)
         return self.out(tf.reshape(context, [batch, frames, self.d_model]))
 
@@ -72,11 +83,11 @@ class FeedForward(CompositeLayer):
         self.norm = keras.layers.LayerNormalization()
         self.inner = keras.layers.Dense(d_model * expansion, activation="swish")
         self.outer = keras.layers.Dense(d_model)
-        self.drop = keras.layers.Dropout(dropout)
 
-    def call(self, x, training=False):
-        h = self.drop(self.inner(self.norm(x)), training=training)
-        return self.drop(self.outer(h), training=training)
+    def call(self, x, training=False, seed=None):
+        seed = _seed(seed)
+        h = seeded_dropout(self.inner(self.norm(x)), self.dropout, seed, 0, training)
+        return seeded_dropout(self.outer(h), self.dropout, seed, 1, training)
 
     def get_config(self):
         return {
@@ -107,14 +118,13 @@ class ConvolutionModule(CompositeLayer):
             else keras.layers.BatchNormalization()
         )
         self.pointwise_out = keras.layers.Dense(d_model)
-        self.drop = keras.layers.Dropout(dropout)
 
-    def call(self, x, lengths, training=False):
+    def call(self, x, lengths, training=False, seed=None):
         h = self.pointwise_in(self.pre_norm(x))
         h = h[..., : self.d_model] * tf.sigmoid(h[..., self.d_model :])  # GLU
         h = self.depthwise(zero_padding(h, lengths))
         h = keras.activations.swish(self.norm(h, training=training))
-        return self.drop(self.pointwise_out(h), training=training)
+        return seeded_dropout(self.pointwise_out(h), self.dropout, _seed(seed), 0, training)
 
     def get_config(self):
         return {
@@ -143,18 +153,24 @@ class ConformerBlock(CompositeLayer):
         self.ff1 = FeedForward(d_model, dropout=dropout)
         self.attn_norm = keras.layers.LayerNormalization()
         self.attention = RotarySelfAttention(d_model, num_heads, dropout)
-        self.attn_drop = keras.layers.Dropout(dropout)
         self.conv = ConvolutionModule(d_model, kernel_size, conv_norm, dropout)
         self.ff2 = FeedForward(d_model, dropout=dropout)
         self.out_norm = keras.layers.LayerNormalization()
 
-    def call(self, x, lengths, training=False):
+    def call(self, x, lengths, training=False, seed=None):
+        """x [B, T, D] -> [B, T, D]; every dropout mask is drawn from `seed` [2], so the
+        block can be recomputed exactly in the backward pass."""
+        seed = _seed(seed)
+
+        def part(k):
+            return tf.random.experimental.stateless_fold_in(seed, k)
+
         mask = tf.sequence_mask(lengths, tf.shape(x)[1])
-        x = x + 0.5 * self.ff1(x, training=training)
-        attended = self.attention(self.attn_norm(x), mask, training=training)
-        x = x + self.attn_drop(attended, training=training)
-        x = x + self.conv(x, lengths, training=training)
-        x = x + 0.5 * self.ff2(x, training=training)
+        x = x + 0.5 * self.ff1(x, training=training, seed=part(1))
+        attended = self.attention(self.attn_norm(x), mask, training=training, seed=part(2))
+        x = x + seeded_dropout(attended, self.dropout, seed, 3, training)
+        x = x + self.conv(x, lengths, training=training, seed=part(4))
+        x = x + 0.5 * self.ff2(x, training=training, seed=part(5))
         return zero_padding(self.out_norm(x), lengths)
 
     def get_config(self):
@@ -181,14 +197,15 @@ class ConformerEncoder(CompositeLayer):
         dropout: float = 0.1,
         conv_norm: str = "layer",
         subsampling_filters: int = 144,
+        recompute: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.d_model, self.num_blocks, self.num_heads = d_model, num_blocks, num_heads
         self.kernel_size, self.dropout, self.conv_norm = kernel_size, dropout, conv_norm
-        self.subsampling_filters = subsampling_filters
+        self.subsampling_filters, self.recompute = subsampling_filters, recompute
         self.subsampling = ConvSubsampling(subsampling_filters, d_model)
-        self.drop = keras.layers.Dropout(dropout)
+        self.seeds = keras.random.SeedGenerator()
         self.blocks = [
             ConformerBlock(d_model, num_heads, kernel_size, dropout, conv_norm)
             for _ in range(num_blocks)
@@ -200,9 +217,15 @@ class ConformerEncoder(CompositeLayer):
 
     def call(self, features, feature_lengths, training=False):
         x, lengths = self.subsampling(features, feature_lengths)
-        x = self.drop(x, training=training)
-        for block in self.blocks:
-            x = block(x, lengths, training=training)
+        seed = block_seeds(self.seeds, training)  # drawn outside any recomputed block
+        x = seeded_dropout(x, self.dropout, seed, 0, training)
+        for index, block in enumerate(self.blocks):
+            block_seed = tf.random.experimental.stateless_fold_in(seed, index + 1)
+
+            def run(x, block=block, block_seed=block_seed):
+                return block(x, lengths, training=training, seed=block_seed)
+
+            x = maybe_recomputed(run, self.recompute and training)(x)
         return x, lengths
 
     def get_config(self):
@@ -215,4 +238,5 @@ class ConformerEncoder(CompositeLayer):
             "dropout": self.dropout,
             "conv_norm": self.conv_norm,
             "subsampling_filters": self.subsampling_filters,
+            "recompute": self.recompute,
         }

@@ -1,4 +1,5 @@
-"""What every asrkit layer builds on: the composite-layer base and padding-safe masking."""
+"""What every asrkit layer builds on: the composite-layer base, padding-safe masking, and
+dropout whose masks are a function of an explicit seed (so a recomputed block replays them)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,28 @@ class CompositeLayer(keras.layers.Layer):
 
     def build(self, *args, **kwargs):
         self.built = True
+
+
+def seeded_dropout(x, rate: float, seed, salt: int, training: bool):
+    """Dropout with the mask drawn from (seed, salt) alone: the same seed gives the same
+    mask, which is what recomputing a block in the backward pass needs. `seed`: [2] int."""
+    if not training or rate <= 0.0:
+        return x
+    key = tf.random.experimental.stateless_fold_in(tf.cast(seed, tf.int64), salt)
+    return tf.nn.experimental.stateless_dropout(x, rate, seed=key)
+
+
+def block_seeds(generator: keras.random.SeedGenerator, training: bool):
+    """One [2] seed per call for a stack of blocks (a constant when not training, where no
+    dropout draws from it, so inference never advances the generator)."""
+    if not training:
+        return tf.zeros([2], tf.int64)
+    return tf.cast(generator.next(), tf.int64)
+
+
+def maybe_recomputed(fn, recompute: bool):
+    """`fn` whose activations are recomputed in the backward pass instead of stored."""
+    return tf.recompute_grad(fn) if recompute else fn
 
 
 def zero_padding(x, lengths):

@@ -9,7 +9,13 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from asrkit.models.layers import CompositeLayer, zero_padding
+from asrkit.models.layers import (
+    CompositeLayer,
+    block_seeds,
+    maybe_recomputed,
+    seeded_dropout,
+    zero_padding,
+)
 from asrkit.models.subsampling import ConvSubsampling
 
 
@@ -23,15 +29,16 @@ class LSTMEncoder(CompositeLayer):
         num_layers: int = 2,
         dropout: float = 0.1,
         subsampling_filters: int = 64,
+        recompute: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.units, self.num_layers, self.dropout = units, num_layers, dropout
-        self.subsampling_filters = subsampling_filters
+        self.subsampling_filters, self.recompute = subsampling_filters, recompute
         self.subsampling = ConvSubsampling(subsampling_filters, units)
         self.lstms = [keras.layers.LSTM(units, return_sequences=True) for _ in range(num_layers)]
         self.norms = [keras.layers.LayerNormalization() for _ in range(num_layers)]
-        self.drop = keras.layers.Dropout(dropout)
+        self.seeds = keras.random.SeedGenerator()
 
     @property
     def output_dim(self) -> int:
@@ -40,8 +47,14 @@ class LSTMEncoder(CompositeLayer):
     def call(self, features, feature_lengths, training=False):
         x, lengths = self.subsampling(features, feature_lengths)
         mask = tf.sequence_mask(lengths, tf.shape(x)[1])
-        for lstm, norm in zip(self.lstms, self.norms, strict=True):
-            x = norm(x + self.drop(lstm(x, mask=mask, training=training), training=training))
+        seed = block_seeds(self.seeds, training)  # drawn outside any recomputed layer
+        for index, (lstm, norm) in enumerate(zip(self.lstms, self.norms, strict=True)):
+
+            def run(x, lstm=lstm, norm=norm, index=index):
+                out = lstm(x, mask=mask, training=training)
+                return norm(x + seeded_dropout(out, self.dropout, seed, index, training))
+
+            x = maybe_recomputed(run, self.recompute and training)(x)
         return zero_padding(x, lengths), lengths
 
     def get_config(self):
@@ -51,4 +64,5 @@ class LSTMEncoder(CompositeLayer):
             "num_layers": self.num_layers,
             "dropout": self.dropout,
             "subsampling_filters": self.subsampling_filters,
+            "recompute": self.recompute,
         }

@@ -15,7 +15,7 @@ import numpy as np
 
 from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
 from asrkit.models.conformer import ConformerEncoder
-from asrkit.models.joint import Joint
+from asrkit.models.joint import Joint, SimpleJoiner
 from asrkit.models.lstm_encoder import LSTMEncoder
 from asrkit.models.predictor import LSTMPredictor
 
@@ -24,11 +24,12 @@ def build_encoder(config: EncoderConfig):
     if config.kind == "lstm":
         return LSTMEncoder(
             config.lstm_units, config.lstm_layers, config.dropout, config.subsampling_filters,
-            name="encoder",
+            recompute=config.recompute, name="encoder",
         )  # fmt: skip
     return ConformerEncoder(
         config.d_model, config.num_blocks, config.num_heads, config.kernel_size, config.dropout,
-        config.conv_norm, config.subsampling_filters, name="encoder",
+        config.conv_norm, config.subsampling_filters, recompute=config.recompute,
+        name="encoder",
     )  # fmt: skip
 
 
@@ -47,6 +48,12 @@ class Transducer(keras.Model):
             vocab_size, p.embed_dim, p.units, p.num_layers, p.dropout, name="predictor"
         )
         self.joint = Joint(vocab_size, config.joint_dim, name="joint")
+        # Only the pruned loss trains (and so the network carries) the trivial joiner.
+        self.simple = SimpleJoiner(vocab_size, name="simple") if config.loss == "pruned" else None
+
+    def build(self, *args, **kwargs):
+        # Made only of sub-layers, which build themselves on their first call.
+        self.built = True
 
     def encode(self, features, feature_lengths, training=False):
         """features [B, T, F] -> (encoder frames [B, T', D], encoder_lengths [B])."""
@@ -66,8 +73,14 @@ class Transducer(keras.Model):
 
     def build_from_features(self, num_mel_bins: int) -> None:
         """Creates every variable with one tiny forward pass (no optimizer involved)."""
-        if not self.built:
-            self(dummy_batch(num_mel_bins), training=False)
+        if self.joint.built:
+            return
+        batch = dummy_batch(num_mel_bins)
+        encoded, _ = self.encode(batch[0], batch[1])
+        predicted = self.predict(batch[2])
+        self.join(encoded, predicted)
+        if self.simple is not None:
+            self.simple(encoded, predicted)
 
     def get_config(self):
         return {

@@ -11,7 +11,14 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from asrkit.losses import rnnt_loss
+from asrkit.losses import (
+    fused_joint_rnnt_loss,
+    loss_scales,
+    prune_ranges,
+    pruned_loss,
+    rnnt_loss,
+    simple_loss,
+)
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import BLANK_ID
 from asrkit.training.accumulation import AccumulatingModel
@@ -30,15 +37,50 @@ class TransducerTask(AccumulatingModel):
 
     def compute_loss_terms(self, data, training=True):
         features, feature_lengths, labels, label_lengths = data[:4]
-        network = self.network
+        network, config = self.network, self.network.config
+        network.build_from_features(features.shape[-1])  # the fused path skips the joint's call
         encoded, encoder_lengths = network.encode(features, feature_lengths, training=training)
-        logits = network.join(encoded, network.predict(labels, training=training))
-        losses = rnnt_loss(logits, labels, encoder_lengths, label_lengths, blank=BLANK_ID)
-        if network.config.normalize_by == "tokens":
+        predicted = network.predict(labels, training=training)
+        if config.loss == "pruned":
+            losses = self._pruned_losses(encoded, predicted, labels, encoder_lengths, label_lengths)
+        elif config.fused_joint_loss:
+            joint = network.joint
+            enc_h, pred_h = joint.project(encoded, predicted)
+            out = joint.output_layer
+            losses = fused_joint_rnnt_loss(
+                enc_h, pred_h, out.kernel, out.bias, labels, encoder_lengths, label_lengths,
+                blank=BLANK_ID, chunk_bytes=int(config.joint_chunk_mb * 2**20),
+            )  # fmt: skip
+        else:
+            logits = network.join(encoded, predicted)
+            losses = rnnt_loss(logits, labels, encoder_lengths, label_lengths, blank=BLANK_ID)
+        if config.normalize_by == "tokens":
             count = tf.reduce_sum(label_lengths)
         else:
             count = tf.shape(label_lengths)[0]
         return tf.reduce_sum(losses), count
+
+    def _pruned_losses(self, encoded, predicted, labels, encoder_lengths, label_lengths):
+        """icefall's recipe: simple · simple_loss + pruned · pruned_loss, the weights warmed
+        up over optimizer updates (read from the optimizer, so never micro-batches)."""
+        network, config = self.network, self.network.config
+        am, lm = network.simple(encoded, predicted)
+        simple, occupancy = simple_loss(
+            am, lm, labels, encoder_lengths, label_lengths, BLANK_ID,
+            config.lm_only_scale, config.am_only_scale,
+        )  # fmt: skip
+        s_begin = prune_ranges(occupancy, encoder_lengths, label_lengths, config.prune_range)
+        enc_h, pred_h = network.joint.project(encoded, predicted)
+        pruned = pruned_loss(
+            enc_h, pred_h, network.joint.output_layer, labels, encoder_lengths, label_lengths,
+            s_begin, config.prune_range, BLANK_ID,
+        )  # fmt: skip
+        optimizer = getattr(self, "optimizer", None)
+        updates = optimizer.iterations if optimizer is not None else config.loss_warmup_updates
+        simple_weight, pruned_weight = loss_scales(
+            updates, config.loss_warmup_updates, config.simple_loss_scale
+        )
+        return simple_weight * simple + pruned_weight * pruned
 
     def get_config(self):
         return {

@@ -191,6 +191,8 @@ def _build(run: _Run, data: _TrainingData, strategy) -> TransducerTask:
     run.log(f"model: {parameters:,} parameters, vocabulary {run.tokenizer.vocab_size}")
     if config.train.probe_memory:
         shape = largest_micro_batch(data.frames, data.tokens, data.plan, data.replicas)
+        multiple = data.pipe.label_pad_multiple  # as the pipeline pads them
+        shape = dataclasses.replace(shape, tokens=math.ceil(shape.tokens / multiple) * multiple)
         probe_memory(task, strategy, shape, config.features.num_mel_bins)
         run.log(
             f"memory probe: the largest micro-batch fits ({shape.utterances} utterance(s) x "

@@ -302,6 +302,11 @@ def test_verify_accumulation_passes_on_the_real_transducer(workdir):
     assert len(report.micro_batch_sizes) == 3
 
 
+def test_verify_accumulation_passes_with_the_pruned_loss(workdir):
+    report = _verify(workdir, "model.loss=pruned", "model.prune_range=3")
+    assert report.passed and report.max_relative_difference < 1e-5
+
+
 def test_verify_accumulation_catches_batch_norm(workdir):
     # BatchNorm normalises each micro-batch with its own statistics: not the union's update.
     conformer = ["model.encoder.kind=conformer", "model.encoder.d_model=16",

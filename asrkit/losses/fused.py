@@ -1,0 +1,218 @@
+"""The joint network's output layer and the RNN-T loss in one pass, chunk by chunk.
+
+`fused_joint_rnnt_loss` takes what the joint has *before* its widest tensor — the projected
+encoder frames [B, T, H] and predictor states [B, U+1, H] — plus the output layer's kernel
+[H, V] and bias [V], and returns the same per-utterance losses as
+
+    logits = tanh(enc[:, :, None] + pred[:, None]) @ kernel + bias      # [B, T, U+1, V]
+    rnnt_loss(logits, labels, logit_lengths, label_lengths)
+
+without ever holding [B, T, U+1, V] (or the hidden [B, T, U+1, H]) for the whole batch:
+
+* forward: frames are taken `chunk` at a time; each chunk's hidden and logits (float32
+  from the matmul on) are reduced at once to the three [B, chunk, U+1] slices the lattice
+  needs (log-sum-exp, blank and next-label log-probs) and dropped;
+* the alpha/beta recursion and the edge posteriors are those of `asrkit.losses.rnnt`;
+* backward: each chunk is recomputed, d logits = softmax · occupancy − posteriors is
+  formed for that chunk only, and the gradients of the encoder frames, the predictor
+  states, the kernel and the bias are accumulated.
+
+Peak extra memory is O(B · chunk · (U+1) · (V + H)) instead of O(B · T · (U+1) · (V + H));
+the price is the joint computed twice (forward and backward). The chunk is chosen from a
+memory budget (`chunk_bytes`) unless given in frames.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+
+from asrkit.losses.rnnt import (
+    _forward_backward,
+    _Lattice,
+    _mask_emissions,
+    _next_labels,
+    _posteriors,
+)
+
+DEFAULT_CHUNK_BYTES = 64 * 2**20
+
+
+def fused_joint_rnnt_loss(
+    encoder_hidden: tf.Tensor,
+    predictor_hidden: tf.Tensor,
+    kernel: tf.Tensor,
+    bias: tf.Tensor | None,
+    labels: tf.Tensor,
+    logit_lengths: tf.Tensor,
+    label_lengths: tf.Tensor,
+    blank: int = 0,
+    chunk_frames: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> tf.Tensor:
+    """Per-utterance RNN-T loss [B] (float32) of the joint `tanh(e + p) @ kernel + bias`.
+
+    Args:
+      encoder_hidden: [B, T, H] projected encoder frames (the joint's encoder projection).
+      predictor_hidden: [B, U+1, H] projected predictor states.
+      kernel: [H, V] output layer kernel; bias: [V] or None.
+      labels, logit_lengths, label_lengths, blank: as for `rnnt_loss`.
+      chunk_frames: frames per chunk; default: as many as fit `chunk_bytes` of float32
+        chunk temporaries (at least 1).
+    """
+    encoder_hidden = tf.convert_to_tensor(encoder_hidden)
+    predictor_hidden = tf.convert_to_tensor(predictor_hidden)
+    kernel = tf.convert_to_tensor(kernel)
+    if bias is None:
+        bias = tf.zeros([tf.shape(kernel)[1]], kernel.dtype)
+    bias = tf.convert_to_tensor(bias)
+    # Under mixed precision the hidden states are float16/bfloat16 while the variables are
+    # float32: compute the chunk matmul in the hidden dtype, as the Dense layer would.
+    kernel, bias = tf.cast(kernel, encoder_hidden.dtype), tf.cast(bias, encoder_hidden.dtype)
+    labels = tf.cast(labels, tf.int32)
+    logit_lengths = tf.cast(logit_lengths, tf.int32)
+    label_lengths = tf.cast(label_lengths, tf.int32)
+    chunk = _chunk_frames(encoder_hidden, predictor_hidden, kernel, chunk_frames, chunk_bytes)
+    return _loss(
+        encoder_hidden, predictor_hidden, kernel, bias, labels, logit_lengths, label_lengths,
+        int(blank), chunk,
+    )  # fmt: skip
+
+
+def _chunk_frames(enc, pred, kernel, chunk_frames, chunk_bytes):
+    """Frames per chunk: given, or from the budget — per frame a chunk holds about
+    B·(U+1)·(3V + 3H) float32 values (logits, softmax/gradient, hidden and its gradient)."""
+    if chunk_frames is not None:
+        if int(chunk_frames) < 1:
+            raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
+        return tf.constant(int(chunk_frames), tf.int32)
+    batch, u1 = tf.shape(enc)[0], tf.shape(pred)[1]
+    hidden, vocab = tf.shape(kernel)[0], tf.shape(kernel)[1]
+    per_frame = tf.cast(batch * u1 * (3 * vocab + 3 * hidden) * 4, tf.float64)
+    frames = tf.cast(tf.floor(float(chunk_bytes) / tf.maximum(per_frame, 1.0)), tf.int32)
+    return tf.clip_by_value(frames, 1, tf.maximum(tf.shape(enc)[1], 1))
+
+
+def _chunk_logits(enc, pred, kernel, bias, start, chunk):
+    """Hidden [B, C, U+1, H] (compute dtype) and float32 logits [B, C, U+1, V] of frames
+    [start, start + chunk) — frames past T come from zero padding and are masked later."""
+    enc_c = tf.slice(enc, [0, start, 0], [-1, chunk, -1])
+    hidden = tf.tanh(enc_c[:, :, None, :] + pred[:, None, :, :])
+    logits = tf.matmul(hidden, kernel) + bias  # matmul broadcasts over [B, C, U+1]
+    return hidden, tf.cast(logits, tf.float32)
+
+
+def _padded(enc, chunk):
+    frames = tf.shape(enc)[1]
+    chunks = (frames + chunk - 1) // chunk
+    return tf.pad(enc, [[0, 0], [0, chunks * chunk - frames], [0, 0]]), chunks
+
+
+def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, chunk):
+    @tf.custom_gradient
+    def core(enc, pred, kernel, bias):
+        enc_s, pred_s = tf.stop_gradient(enc), tf.stop_gradient(pred)
+        kernel_s, bias_s = tf.stop_gradient(kernel), tf.stop_gradient(bias)
+        frames, u1 = tf.shape(enc_s)[1], tf.shape(pred_s)[1]
+        next_label = _next_labels(labels, label_lengths, u1)
+        padded, chunks = _padded(enc_s, chunk)
+
+        lse, log_blank, log_label = _forward_chunks(
+            padded, chunks, pred_s, kernel_s, bias_s, next_label, blank, chunk, frames
+        )
+        log_blank, log_label = _mask_emissions(log_blank, log_label, logit_lengths, label_lengths)
+        alpha, beta, blank_d, label_d, terminal, log_prob = _forward_backward(
+            log_blank, log_label, logit_lengths, label_lengths
+        )
+        saved = _Lattice(log_prob, lse, next_label, alpha, beta, blank_d, label_d, terminal)
+
+        def grad(upstream):
+            return _backward(padded, chunks, pred_s, kernel_s, bias_s, upstream, saved,
+                             blank, chunk, frames)  # fmt: skip
+
+        return -log_prob, grad
+
+    return core(enc, pred, kernel, bias)
+
+
+# Graph functions even for eager callers: a TensorArray in an eager while loop crashes
+# TensorFlow 2.21 when several logical devices are configured (and is slow anyway).
+@functools.partial(tf.function, reduce_retracing=True)
+def _forward_chunks(padded, chunks, pred, kernel, bias, next_label, blank, chunk, frames):
+    """Log-sum-exp, blank and next-label log-probs [B, T, U+1], one chunk at a time."""
+
+    def forward_chunk(i, lse_acc, blank_acc, label_acc):
+        _, logits = _chunk_logits(padded, pred, kernel, bias, i * chunk, chunk)
+        lse = tf.reduce_logsumexp(logits, axis=-1)  # [B, C, U+1]
+        picked_blank = logits[..., blank] - lse
+        label_index = tf.broadcast_to(next_label[:, None, :], tf.shape(lse))
+        picked_label = tf.gather(logits, label_index, batch_dims=3) - lse
+        return (i + 1, lse_acc.write(i, lse), blank_acc.write(i, picked_blank),
+                label_acc.write(i, picked_label))  # fmt: skip
+
+    arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(3)]
+    _, *arrays = tf.while_loop(lambda i, *_: i < chunks, forward_chunk, [tf.constant(0), *arrays])
+    return tuple(_stitch(a, frames) for a in arrays)
+
+
+def _stitch(array: tf.TensorArray, frames) -> tf.Tensor:
+    """Chunks [N, B, C, U+1] -> [B, T, U+1] (padding frames dropped)."""
+    stacked = array.stack()
+    shape = tf.shape(stacked)
+    joined = tf.reshape(tf.transpose(stacked, [1, 0, 2, 3]), [shape[1], -1, shape[3]])
+    return joined[:, :frames]
+
+
+@functools.partial(tf.function, reduce_retracing=True)
+def _backward(padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk, frames):
+    post_blank, post_label = _posteriors(saved, upstream, frames)  # [B, T, U+1]
+    pad = [[0, 0], [0, chunks * chunk - frames], [0, 0]]
+    post_blank, post_label = tf.pad(post_blank, pad), tf.pad(post_label, pad)
+    lse = tf.pad(saved.lse, pad)
+    vocab = tf.shape(kernel)[1]
+    blank_hot = tf.one_hot(blank, vocab, dtype=tf.float32)  # [V]
+    label_hot = tf.one_hot(saved.next_label, vocab, dtype=tf.float32)[:, None]  # [B,1,U+1,V]
+
+    def backward_chunk(i, d_enc, d_pred, d_kernel, d_bias):
+        start = i * chunk
+        hidden, logits = _chunk_logits(padded, pred, kernel, bias, start, chunk)
+
+        def part(x):
+            return tf.slice(x, [0, start, 0], [-1, chunk, -1])
+
+        blank_c, label_c = part(post_blank), part(post_label)
+        softmax = tf.exp(logits - part(lse)[..., None])
+        d_logits = (
+            softmax * (blank_c + label_c)[..., None]
+            - blank_c[..., None] * blank_hot
+            - label_c[..., None] * label_hot
+        )  # [B, C, U+1, V] float32
+        hidden32 = tf.cast(hidden, tf.float32)
+        d_kernel += tf.einsum("bcuh,bcuv->hv", hidden32, d_logits)
+        d_bias += tf.reduce_sum(d_logits, axis=[0, 1, 2])
+        # (einsum: a broadcast batch matmul with transpose_b corrupts memory in TF 2.21 on CPU)
+        d_hidden = tf.einsum("bcuv,hv->bcuh", d_logits, tf.cast(kernel, tf.float32))
+        d_pre = d_hidden * (1.0 - tf.square(hidden32))  # through tanh
+        d_enc = d_enc.write(i, tf.reduce_sum(d_pre, axis=2))  # [B, C, H]
+        d_pred = tf.ensure_shape(d_pred + tf.reduce_sum(d_pre, axis=1), pred.shape)
+        d_kernel = tf.ensure_shape(d_kernel, kernel.shape)
+        return i + 1, d_enc, d_pred, d_kernel, tf.ensure_shape(d_bias, bias.shape)
+
+    init = [
+        tf.constant(0),
+        tf.TensorArray(tf.float32, size=chunks),
+        tf.zeros(tf.shape(pred), tf.float32),
+        tf.zeros(tf.shape(kernel), tf.float32),
+        tf.zeros(tf.shape(bias), tf.float32),
+    ]
+    _, d_enc, d_pred, d_kernel, d_bias = tf.while_loop(
+        lambda i, *_: i < chunks, backward_chunk, init
+    )
+    d_enc = _stitch(d_enc, frames)
+    return (
+        tf.cast(d_enc, padded.dtype),
+        tf.cast(d_pred, pred.dtype),
+        tf.cast(d_kernel, kernel.dtype),
+        tf.cast(d_bias, bias.dtype),
+    )

@@ -1,0 +1,127 @@
+"""The fused joint + loss equals the joint followed by `rnnt_loss`: losses and gradients of
+every input and weight, for any chunk size, with padding, U = 0 and V up to 1024."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from asrkit.losses import fused_joint_rnnt_loss, rnnt_loss
+
+
+def _case(seed, batch=3, frames=13, max_u=5, hidden=16, vocab=64):
+    rng = np.random.default_rng(seed)
+    enc = tf.constant(rng.standard_normal((batch, frames, hidden)), tf.float32)
+    pred = tf.constant(rng.standard_normal((batch, max_u + 1, hidden)), tf.float32)
+    kernel = tf.Variable(rng.standard_normal((hidden, vocab)).astype(np.float32) * 0.3)
+    bias = tf.Variable(rng.standard_normal(vocab).astype(np.float32) * 0.1)
+    labels = tf.constant(rng.integers(1, vocab, (batch, max_u)), tf.int32)
+    # full length, padded frames and labels, and an utterance with no labels (U = 0)
+    frame_lengths = tf.constant([frames, frames - 4, 2][:batch], tf.int32)
+    label_lengths = tf.constant([max_u, 2, 0][:batch], tf.int32)
+    return enc, pred, kernel, bias, labels, frame_lengths, label_lengths
+
+
+def _losses_and_grads(loss_fn, enc, pred, kernel, bias, *rest):
+    weights = tf.constant([1.0, -0.5, 2.0])[: enc.shape[0]]
+    with tf.GradientTape() as tape:
+        tape.watch([enc, pred])
+        losses = loss_fn(enc, pred, kernel, bias, *rest)
+        total = tf.reduce_sum(losses * weights)
+    return losses, tape.gradient(total, [enc, pred, kernel, bias])
+
+
+def _plain(enc, pred, kernel, bias, labels, frame_lengths, label_lengths):
+    logits = tf.matmul(tf.tanh(enc[:, :, None] + pred[:, None]), kernel) + bias
+    return rnnt_loss(logits, labels, frame_lengths, label_lengths)
+
+
+def _assert_grads_close(got, want, rtol):
+    for g, w in zip(got, want, strict=True):
+        g, w = tf.convert_to_tensor(g).numpy(), tf.convert_to_tensor(w).numpy()
+        assert np.max(np.abs(g - w)) <= rtol * np.max(np.abs(w)), np.max(np.abs(g - w))
+
+
+@pytest.mark.parametrize("vocab", [64, 1024])
+@pytest.mark.parametrize("chunk", [1, 4, 13, 40, None])
+def test_fused_equals_joint_then_loss(vocab, chunk):
+    case = _case(seed=vocab + (chunk or 0), vocab=vocab)
+    want_losses, want = _losses_and_grads(_plain, *case)
+
+    def fused(*args):
+        return fused_joint_rnnt_loss(*args, chunk_frames=chunk)
+
+    losses, got = _losses_and_grads(fused, *case)
+    np.testing.assert_allclose(losses.numpy(), want_losses.numpy(), rtol=1e-5)
+    _assert_grads_close(got, want, rtol=1e-5)
+    # Padding frames and the padded predictor rows get exactly zero gradient.
+    assert not np.any(got[0].numpy()[1, -4:]) and not np.any(got[0].numpy()[2, 2:])
+    assert not np.any(got[1].numpy()[2, 1:])
+
+
+def test_a_small_budget_means_many_chunks_and_the_same_result():
+    case = _case(seed=3, vocab=64)
+    want_losses, want = _losses_and_grads(_plain, *case)
+
+    def tiny_budget(*args):
+        return fused_joint_rnnt_loss(*args, chunk_bytes=1)  # one frame per chunk
+
+    losses, got = _losses_and_grads(tiny_budget, *case)
+    np.testing.assert_allclose(losses.numpy(), want_losses.numpy(), rtol=1e-5)
+    _assert_grads_close(got, want, rtol=1e-5)
+
+
+def test_xla_compiled_equals_eager():
+    case = _case(seed=5)
+
+    @tf.function(jit_compile=True)
+    def compiled(*args):
+        return _losses_and_grads(lambda *a: fused_joint_rnnt_loss(*a, chunk_frames=3), *args)
+
+    losses, got = compiled(*case)
+    want_losses, want = _losses_and_grads(_plain, *case)
+    np.testing.assert_allclose(losses.numpy(), want_losses.numpy(), rtol=1e-5)
+    _assert_grads_close(got, want, rtol=1e-5)
+
+
+def test_mixed_float16_hidden_states_keep_float32_logits():
+    enc, pred, kernel, bias, *rest = _case(seed=6)
+    half = [tf.cast(enc, tf.float16), tf.cast(pred, tf.float16)]
+    losses, grads = _losses_and_grads(fused_joint_rnnt_loss, *half, kernel, bias, *rest)
+    want, _ = _losses_and_grads(_plain, *half, tf.cast(kernel, tf.float16),
+                                tf.cast(bias, tf.float16), *rest)  # fmt: skip
+    assert losses.dtype == tf.float32
+    np.testing.assert_allclose(losses.numpy(), want.numpy(), rtol=2e-3)
+    assert grads[0].dtype == tf.float16 and grads[2].dtype == tf.float32
+    assert all(np.all(np.isfinite(tf.cast(g, tf.float32).numpy())) for g in grads)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "conformer"])
+def test_the_task_trains_the_same_fused_or_not(kind):
+    """Every trainable variable's gradient through the whole transducer, fused vs not."""
+    import dataclasses
+
+    from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
+    from asrkit.models.transducer import Transducer
+    from asrkit.training.task import TransducerTask
+
+    config = ModelConfig(
+        encoder=EncoderConfig(kind=kind, d_model=16, num_blocks=1, num_heads=2, kernel_size=5,
+                              subsampling_filters=8, lstm_units=16, lstm_layers=1, dropout=0.0),
+        predictor=PredictorConfig(embed_dim=8, units=16, dropout=0.0), joint_dim=16,
+    )  # fmt: skip
+    rng = np.random.default_rng(7)
+    batch = (rng.standard_normal((3, 60, 80)).astype(np.float32), np.array([60, 41, 30]),
+             np.array([[1, 2, 3, 4], [5, 6, 0, 0], [7, 0, 0, 0]], np.int32),
+             np.array([4, 2, 0]))  # fmt: skip
+    results = []
+    for fused in (True, False):
+        keras.utils.set_random_seed(0)
+        task = TransducerTask(Transducer(12, dataclasses.replace(config, fused_joint_loss=fused)))
+        with tf.GradientTape() as tape:
+            loss_sum, count = task.compute_loss_terms(batch, training=True)
+        results.append((float(loss_sum), tape.gradient(loss_sum, task.trainable_variables)))
+    (fused_loss, fused_grads), (plain_loss, plain_grads) = results
+    assert fused_loss == pytest.approx(plain_loss, rel=1e-5)
+    assert len(fused_grads) == len(plain_grads) > 10
+    _assert_grads_close(fused_grads, plain_grads, rtol=1e-5)

@@ -1,0 +1,105 @@
+"""Benchmark the lean training step: plain joint + loss vs fused vs fused + recomputed blocks.
+
+For the Conformer-S shape (`recipes/librispeech/conf/conformer_s.yaml`), one micro-batch of
+B utterances x S seconds with U labels, and each vocabulary size: the extra peak process
+memory of one training step (VmHWM during the step minus the resident size before it,
+after a warm-up step; a fresh subprocess per configuration, oneDNN's caching allocator off
+so freed memory is visible) and its time (median of the timed steps), side by side.
+
+    python tools/bench_joint.py [--batch 2] [--seconds 20] [--labels 80] [--vocab 64,1024,5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from memory_probe import reset_peak, rss_kib
+
+MODES = {
+    "plain": {"model.fused_joint_loss": False},
+    "fused": {"model.fused_joint_loss": True},
+    "fused+recompute": {"model.fused_joint_loss": True, "model.encoder.recompute": True},
+}
+
+
+def run(mode: str, vocab: int, batch: int, seconds: float, labels: int, steps: int) -> dict:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from asrkit.config import load_config
+    from asrkit.models.transducer import Transducer
+    from asrkit.training.task import TransducerTask
+
+    conf = Path(__file__).resolve().parents[1] / "recipes/librispeech/conf/conformer_s.yaml"
+    overrides = [f"{k}={str(v).lower()}" for k, v in MODES[mode].items()]
+    config = load_config(conf, overrides).model
+    frames = int(seconds * 100)
+    rng = np.random.default_rng(0)
+    data = (
+        rng.standard_normal((batch, frames, 80)).astype(np.float32),
+        np.full(batch, frames, np.int32),
+        rng.integers(1, vocab, (batch, labels)).astype(np.int32),
+        np.full(batch, labels, np.int32),
+    )
+    keras.utils.set_random_seed(0)
+    task = TransducerTask(Transducer(vocab, config))
+    task.compile(keras.optimizers.AdamW(1e-4), accumulation_steps=1)
+    task.build_engine(data)
+    dataset = tf.data.Dataset.from_tensors(data)
+    task.fit(dataset, verbose=0)  # warm-up: tracing and the first allocation
+    base = reset_peak()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        task.fit(dataset, verbose=0)
+        times.append(time.perf_counter() - start)
+    return {"extra_mib": (rss_kib("VmHWM") - base) / 1024, "seconds": statistics.median(times)}
+
+
+def _child(spec: dict) -> dict:
+    quiet = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "MALLOC_ARENA_MAX": "1"}
+    env = dict(os.environ, **quiet)
+    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--labels", type=int, default=80)
+    parser.add_argument("--vocab", default="64,1024,5000")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per configuration")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run(**json.loads(args.child))))
+        return
+    modes = args.modes.split(",")
+    print(f"Conformer-S, {args.batch} x {args.seconds:.0f} s, U = {args.labels}, float32, "
+          "2 CPU cores: extra peak memory of one step / step time")  # fmt: skip
+    print(f"{'V':>6} | " + " | ".join(f"{m:>22}" for m in modes))
+    for vocab in [int(v) for v in args.vocab.split(",")]:
+        cells = []
+        for mode in modes:
+            spec = dict(mode=mode, vocab=vocab, batch=args.batch, seconds=args.seconds,
+                        labels=args.labels, steps=args.steps)  # fmt: skip
+            r = _child(spec)
+            cells.append(f"{r['extra_mib']:7.0f} MiB {r['seconds']:7.2f} s")
+        print(f"{vocab:>6} | " + " | ".join(f"{c:>22}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
