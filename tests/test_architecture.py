@@ -18,7 +18,7 @@ RANKS = {
     "data": 4,
     "models": 5, "losses": 5,
     "checkpoints": 6,
-    "experiment": 7,
+    "experiment": 7, "curves": 7,
     "decoding": 8,
     "export": 9,
     "training": 10,

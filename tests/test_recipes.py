@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = [
     "model.encoder.lstm_units=16", "model.encoder.lstm_layers=1",
     "model.encoder.subsampling_filters=8", "model.predictor.units=16",
-    "model.predictor.embed_dim=8", "model.joint_dim=16", "train.epochs=1",
-    "data.batch_seconds=10", "train.checkpoint_every=2",
+    "model.predictor.embed_dim=8", "model.joint_dim=16", "train.epochs=2",
+    "data.batch_seconds=10", "train.checkpoint_every=1",
 ]  # fmt: skip
 
 
@@ -30,9 +30,12 @@ def test_mini_recipe_runs_every_stage_and_reruns_nothing(tmp_path):
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     work = tmp_path / "w"
-    for n in range(6):
+    for n in range(7):
         assert (work / ".done" / str(n)).exists()
     assert "WER" in (work / "exp/decode_test/report.txt").read_text()
+    assert first.stdout.count("    REF: ") == first.stdout.count("    HYP: ") >= 1
+    assert (work / "exp/curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert "2 per update = effective batch" in first.stdout
     for name in ("decode_test", "decode_test_greedy"):
         scores = json.loads((work / "exp" / name / "wer.json").read_text())
         hypotheses = (work / "exp" / name / "hyp.txt").read_text().splitlines()
@@ -40,7 +43,7 @@ def test_mini_recipe_runs_every_stage_and_reruns_nothing(tmp_path):
     assert json.loads((work / "exp/decode_test/wer.json").read_text())["method"] == "beam 4"
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0
-    assert again.stdout.count("done before, skipped") == 6
+    assert again.stdout.count("done before, skipped") == 7
 
 
 TINY_CONFORMER = [

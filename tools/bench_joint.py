@@ -1,4 +1,5 @@
-"""Benchmark the lean training step: plain joint + loss vs fused vs fused + recomputed blocks.
+"""Benchmark the lean training step: plain joint + loss, fused, fused + recomputed encoder
+blocks, and the pruned RNN-T loss (with or without recomputation).
 
 For the Conformer-S shape (`recipes/librispeech/conf/conformer_s.yaml`), one micro-batch of
 B utterances x S seconds with U labels, and each vocabulary size: the extra peak process
@@ -7,6 +8,7 @@ after a warm-up step; a fresh subprocess per configuration, oneDNN's caching all
 so freed memory is visible) and its time (median of the timed steps), side by side.
 
     python tools/bench_joint.py [--batch 2] [--seconds 20] [--labels 80] [--vocab 64,1024,5000]
+        [--modes plain,fused,fused+recompute,pruned,pruned+recompute] [--config conf.yaml]
 """
 
 from __future__ import annotations
@@ -22,14 +24,20 @@ from pathlib import Path
 
 from memory_probe import reset_peak, rss_kib
 
+CONFORMER_S = Path(__file__).resolve().parents[1] / "recipes/librispeech/conf/conformer_s.yaml"
 MODES = {
     "plain": {"model.fused_joint_loss": False},
     "fused": {"model.fused_joint_loss": True},
     "fused+recompute": {"model.fused_joint_loss": True, "model.encoder.recompute": True},
+    "pruned": {"model.loss": "pruned"},
+    "pruned+recompute": {"model.loss": "pruned", "model.encoder.recompute": True},
 }
 
 
-def run(mode: str, vocab: int, batch: int, seconds: float, labels: int, steps: int) -> dict:
+def run(
+    mode: str, vocab: int, batch: int, seconds: float, labels: int, steps: int,
+    config: str = str(CONFORMER_S),
+) -> dict:
     import keras
     import numpy as np
     import tensorflow as tf
@@ -38,9 +46,8 @@ def run(mode: str, vocab: int, batch: int, seconds: float, labels: int, steps: i
     from asrkit.models.transducer import Transducer
     from asrkit.training.task import TransducerTask
 
-    conf = Path(__file__).resolve().parents[1] / "recipes/librispeech/conf/conformer_s.yaml"
     overrides = [f"{k}={str(v).lower()}" for k, v in MODES[mode].items()]
-    config = load_config(conf, overrides).model
+    model = load_config(config, overrides).model
     frames = int(seconds * 100)
     rng = np.random.default_rng(0)
     data = (
@@ -50,7 +57,7 @@ def run(mode: str, vocab: int, batch: int, seconds: float, labels: int, steps: i
         np.full(batch, labels, np.int32),
     )
     keras.utils.set_random_seed(0)
-    task = TransducerTask(Transducer(vocab, config))
+    task = TransducerTask(Transducer(vocab, model))
     task.compile(keras.optimizers.AdamW(1e-4), accumulation_steps=1)
     task.build_engine(data)
     dataset = tf.data.Dataset.from_tensors(data)
@@ -81,21 +88,22 @@ def main() -> None:
     parser.add_argument("--labels", type=int, default=80)
     parser.add_argument("--vocab", default="64,1024,5000")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per configuration")
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default="plain,fused,fused+recompute")
+    parser.add_argument("--config", default=str(CONFORMER_S), help="YAML whose model: to use")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run(**json.loads(args.child))))
         return
     modes = args.modes.split(",")
-    print(f"Conformer-S, {args.batch} x {args.seconds:.0f} s, U = {args.labels}, float32, "
-          "2 CPU cores: extra peak memory of one step / step time")  # fmt: skip
+    print(f"{Path(args.config).name}, {args.batch} x {args.seconds:.0f} s, U = {args.labels}, "
+          "float32: extra peak memory of one step / step time")  # fmt: skip
     print(f"{'V':>6} | " + " | ".join(f"{m:>22}" for m in modes))
     for vocab in [int(v) for v in args.vocab.split(",")]:
         cells = []
         for mode in modes:
             spec = dict(mode=mode, vocab=vocab, batch=args.batch, seconds=args.seconds,
-                        labels=args.labels, steps=args.steps)  # fmt: skip
+                        labels=args.labels, steps=args.steps, config=args.config)  # fmt: skip
             r = _child(spec)
             cells.append(f"{r['extra_mib']:7.0f} MiB {r['seconds']:7.2f} s")
         print(f"{vocab:>6} | " + " | ".join(f"{c:>22}" for c in cells), flush=True)

@@ -20,6 +20,7 @@ from asrkit.cli import (
     decode,
     export,
     features,
+    plot,
     prepare,
     tokenizer,
     train,
@@ -31,6 +32,7 @@ from asrkit.errors import UserError
 # Each subcommand module exposes `register(subparsers)`; its parser sets `func`.
 SUBCOMMANDS = (
     corpus, prepare, tokenizer, features, train, verify, average, decode, export, transcribe,
+    plot,
 )  # fmt: skip
 
 

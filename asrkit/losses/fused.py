@@ -81,15 +81,17 @@ def fused_joint_rnnt_loss(
 
 
 def _chunk_frames(enc, pred, kernel, chunk_frames, chunk_bytes):
-    """Frames per chunk: given, or from the budget — per frame a chunk holds about
-    B·(U+1)·(3V + 3H) float32 values (logits, softmax/gradient, hidden and its gradient)."""
+    """Frames per chunk: given, or from the budget — per frame the backward pass holds
+    about B·(U+1)·(6V + 4H) float32 values at its peak (logits, softmax, the gradient and
+    its terms; the hidden state, its float32 copy and two gradients), measured with
+    `tools/bench_joint.py`."""
     if chunk_frames is not None:
         if int(chunk_frames) < 1:
             raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
         return tf.constant(int(chunk_frames), tf.int32)
     batch, u1 = tf.shape(enc)[0], tf.shape(pred)[1]
     hidden, vocab = tf.shape(kernel)[0], tf.shape(kernel)[1]
-    per_frame = tf.cast(batch * u1 * (3 * vocab + 3 * hidden) * 4, tf.float64)
+    per_frame = tf.cast(batch * u1 * (6 * vocab + 4 * hidden) * 4, tf.float64)
     frames = tf.cast(tf.floor(float(chunk_bytes) / tf.maximum(per_frame, 1.0)), tf.int32)
     return tf.clip_by_value(frames, 1, tf.maximum(tf.shape(enc)[1], 1))
 
@@ -99,8 +101,17 @@ def _chunk_logits(enc, pred, kernel, bias, start, chunk):
     [start, start + chunk) — frames past T come from zero padding and are masked later."""
     enc_c = tf.slice(enc, [0, start, 0], [-1, chunk, -1])
     hidden = tf.tanh(enc_c[:, :, None, :] + pred[:, None, :, :])
-    logits = tf.matmul(hidden, kernel) + bias  # matmul broadcasts over [B, C, U+1]
+    logits = _cells_matmul(hidden, kernel) + bias
     return hidden, tf.cast(logits, tf.float32)
+
+
+def _cells_matmul(x, w, transpose_w: bool = False):
+    """x [B, C, U+1, K] @ w: one 2-D matmul over all cells (TF 2.21's broadcast batch matmul
+    is slower on CPU, and with transpose_b corrupts memory when several logical CPU devices
+    are configured)."""
+    shape = tf.shape(x)
+    flat = tf.matmul(tf.reshape(x, [-1, shape[3]]), w, transpose_b=transpose_w)
+    return tf.reshape(flat, tf.concat([shape[:3], tf.shape(flat)[1:]], 0))
 
 
 def _padded(enc, chunk):
@@ -189,10 +200,11 @@ def _backward(padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk,
             - label_c[..., None] * label_hot
         )  # [B, C, U+1, V] float32
         hidden32 = tf.cast(hidden, tf.float32)
-        d_kernel += tf.einsum("bcuh,bcuv->hv", hidden32, d_logits)
-        d_bias += tf.reduce_sum(d_logits, axis=[0, 1, 2])
-        # (einsum: a broadcast batch matmul with transpose_b corrupts memory in TF 2.21 on CPU)
-        d_hidden = tf.einsum("bcuv,hv->bcuh", d_logits, tf.cast(kernel, tf.float32))
+        flat_hidden = tf.reshape(hidden32, [-1, tf.shape(hidden32)[3]])
+        flat_d_logits = tf.reshape(d_logits, [-1, tf.shape(d_logits)[3]])
+        d_kernel += tf.matmul(flat_hidden, flat_d_logits, transpose_a=True)
+        d_bias += tf.reduce_sum(flat_d_logits, axis=0)
+        d_hidden = _cells_matmul(d_logits, tf.cast(kernel, tf.float32), transpose_w=True)
         d_pre = d_hidden * (1.0 - tf.square(hidden32))  # through tanh
         d_enc = d_enc.write(i, tf.reduce_sum(d_pre, axis=2))  # [B, C, H]
         d_pred = tf.ensure_shape(d_pred + tf.reduce_sum(d_pre, axis=1), pred.shape)

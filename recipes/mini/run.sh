@@ -11,11 +11,13 @@
 #   4  train
 #   5  decode test-clean (voices never heard in training) with the average of the last two
 #      checkpoints: beam search (4) and greedy, and score both
+#   6  report: five test utterances (reference vs hypothesis) and the training curves as
+#      exp/curves.png (asrkit plot)
 # Each finished stage leaves <work>/.done/<stage>; a rerun skips it (delete it to redo).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-stage=0; stop_stage=5; work=exp/mini; preset=mini; config="$here/conf/lstm_cpu.yaml"; sets=()
+stage=0; stop_stage=6; work=exp/mini; preset=mini; config="$here/conf/lstm_cpu.yaml"; sets=()
 while (( $# )); do
   case "$1" in
     --stage) stage=$2; shift 2 ;;
@@ -63,3 +65,15 @@ decode() {
     --out exp/decode_test
 }
 run_stage 5 decode decode
+report() {
+  echo "five held-out utterances, beam search (REF / HYP):"
+  local id
+  while read -r id; do
+    echo "  $id"
+    echo "    REF: $(grep "^$id " exp/decode_test/ref.txt | cut -d' ' -f2-)"
+    echo "    HYP: $(grep "^$id " exp/decode_test/hyp.txt | cut -d' ' -f2-)"
+  done < <(cut -d' ' -f1 exp/decode_test/ref.txt | sort | awk 'NR % 24 == 1' | head -n 5)
+  grep -h "WER" exp/decode_test/report.txt | head -n 1
+  "$asrkit" plot --exp-dir exp --out exp/curves.png
+}
+run_stage 6 report report

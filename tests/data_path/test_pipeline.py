@@ -59,8 +59,8 @@ def test_bucketing_keeps_every_utterance_once_within_budget(tmp_path):
             n = feature_lengths[row]
             assert np.all(features[row, :n] != 0) and np.all(features[row, n:] == 0)
             assert np.all(labels[row, label_lengths[row] :] == 0)
-        assert labels.shape[1] % 8 == 0 and labels.shape[1] - max(label_lengths) < 8
             seen[(int(n), int(labels[row, 0]))] += 1
+        assert labels.shape[1] % 8 == 0 and labels.shape[1] - max(label_lengths) < 8
     assert sum(seen.values()) == len(lengths)
     want = collections.Counter((int(n), 1 + i % 7) for i, n in enumerate(lengths))
     assert seen == want

@@ -119,7 +119,7 @@ def test_the_task_trains_the_same_fused_or_not(kind):
         keras.utils.set_random_seed(0)
         task = TransducerTask(Transducer(12, dataclasses.replace(config, fused_joint_loss=fused)))
         with tf.GradientTape() as tape:
-            loss_sum, count = task.compute_loss_terms(batch, training=True)
+            loss_sum, _ = task.compute_loss_terms(batch, training=True)
         results.append((float(loss_sum), tape.gradient(loss_sum, task.trainable_variables)))
     (fused_loss, fused_grads), (plain_loss, plain_grads) = results
     assert fused_loss == pytest.approx(plain_loss, rel=1e-5)

@@ -95,6 +95,24 @@ def test_training_learns_and_checkpoints(workdir, uninterrupted):
     assert expected <= tags, expected - tags
 
 
+def test_plot_draws_the_training_curves(workdir, uninterrupted, tmp_path, capsys):
+    from asrkit.cli.main import main
+    from asrkit.curves import read_curves
+
+    curves = read_curves(workdir / "exp_a")
+    assert len(curves.dev_wer) == 3  # one per epoch
+    assert len(curves.loss) == uninterrupted.state.updates
+    assert [s for s, _ in curves.loss] == list(range(1, uninterrupted.state.updates + 1))
+    assert (
+        main(["plot", "--exp-dir", str(workdir / "exp_a"), "--out", str(tmp_path / "c.png")]) == 0
+    )
+    assert "3 dev points" in capsys.readouterr().out
+    png = (tmp_path / "c.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (880, 770)  # 8 x 7 inches at 110 dpi
+
+
 class _Terminal(io.StringIO):
     def isatty(self):
         return True
