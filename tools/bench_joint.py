@@ -35,7 +35,12 @@ MODES = {
 
 
 def run(
-    mode: str, vocab: int, batch: int, seconds: float, labels: int, steps: int,
+    mode: str,
+    vocab: int,
+    batch: int,
+    seconds: float,
+    labels: int,
+    steps: int,
     config: str = str(CONFORMER_S),
 ) -> dict:
     import keras

@@ -81,6 +81,7 @@ class Transducer(keras.Model):
         self.join(encoded, predicted)
         if self.simple is not None:
             self.simple(encoded, predicted)
+        self.built = True
 
     def get_config(self):
         return {
