@@ -89,17 +89,25 @@ def _chunk_frames(enc, pred, kernel, chunk_frames, chunk_bytes):
         if int(chunk_frames) < 1:
             raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
         return tf.constant(int(chunk_frames), tf.int32)
-    batch, u1 = tf.shape(enc)[0], tf.shape(pred)[1]
-    hidden, vocab = tf.shape(kernel)[0], tf.shape(kernel)[1]
-    per_frame = tf.cast(batch * u1 * (6 * vocab + 4 * hidden) * 4, tf.float64)
-    frames = tf.cast(tf.floor(float(chunk_bytes) / tf.maximum(per_frame, 1.0)), tf.int32)
-    return tf.clip_by_value(frames, 1, tf.maximum(tf.shape(enc)[1], 1))
+    static = [enc.shape[0], enc.shape[1], pred.shape[1], *kernel.shape]
+    if all(d is not None for d in static):  # known while tracing (XLA traces per shape)
+        batch, frames, u1, hidden, vocab = static
+        per_frame = batch * u1 * (6 * vocab + 4 * hidden) * 4
+        return tf.constant(min(max(int(chunk_bytes) // max(per_frame, 1), 1), max(frames, 1)))
+    # Integer arithmetic on shapes only, so that XLA can still evaluate it at compile time.
+    shape = tf.shape(enc, out_type=tf.int64)
+    u1 = tf.shape(pred, out_type=tf.int64)[1]
+    hidden, vocab = tf.unstack(tf.shape(kernel, out_type=tf.int64))
+    per_frame = shape[0] * u1 * (6 * vocab + 4 * hidden) * 4
+    frames = tf.constant(int(chunk_bytes), tf.int64) // tf.maximum(per_frame, 1)
+    return tf.cast(tf.clip_by_value(frames, 1, tf.maximum(shape[1], 1)), tf.int32)
 
 
-def _chunk_logits(enc, pred, kernel, bias, start, chunk):
-    """Hidden [B, C, U+1, H] (compute dtype) and float32 logits [B, C, U+1, V] of frames
-    [start, start + chunk) — frames past T come from zero padding and are masked later."""
-    enc_c = tf.slice(enc, [0, start, 0], [-1, chunk, -1])
+def _chunk_logits(enc_chunks, pred, kernel, bias, i):
+    """Hidden [B, C, U+1, H] (compute dtype) and float32 logits [B, C, U+1, V] of chunk i
+    of `enc_chunks` [B, N, C, H] — frames past T are zero padding, masked later. (A gather
+    of chunk i, not a slice of size C: XLA needs the sizes inside a loop to be constant.)"""
+    enc_c = tf.gather(enc_chunks, i, axis=1)
     hidden = tf.tanh(enc_c[:, :, None, :] + pred[:, None, :, :])
     logits = _cells_matmul(hidden, kernel) + bias
     return hidden, tf.cast(logits, tf.float32)
@@ -114,10 +122,12 @@ def _cells_matmul(x, w, transpose_w: bool = False):
     return tf.reshape(flat, tf.concat([shape[:3], tf.shape(flat)[1:]], 0))
 
 
-def _padded(enc, chunk):
-    frames = tf.shape(enc)[1]
-    chunks = (frames + chunk - 1) // chunk
-    return tf.pad(enc, [[0, 0], [0, chunks * chunk - frames], [0, 0]]), chunks
+def _in_chunks(x, chunk):
+    """[B, T, K] -> [B, N, C, K] (zero-padded to N·C frames) and N."""
+    shape = tf.shape(x)
+    chunks = (shape[1] + chunk - 1) // chunk
+    padded = tf.pad(x, [[0, 0], [0, chunks * chunk - shape[1]], [0, 0]])
+    return tf.reshape(padded, [shape[0], chunks, chunk, shape[2]]), chunks
 
 
 def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, chunk):
@@ -127,7 +137,7 @@ def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, 
         kernel_s, bias_s = tf.stop_gradient(kernel), tf.stop_gradient(bias)
         frames, u1 = tf.shape(enc_s)[1], tf.shape(pred_s)[1]
         next_label = _next_labels(labels, label_lengths, u1)
-        padded, chunks = _padded(enc_s, chunk)
+        padded, chunks = _in_chunks(enc_s, chunk)
 
         lse, log_blank, log_label = _forward_chunks(
             padded, chunks, pred_s, kernel_s, bias_s, next_label, blank, chunk, frames
@@ -154,7 +164,7 @@ def _forward_chunks(padded, chunks, pred, kernel, bias, next_label, blank, chunk
     """Log-sum-exp, blank and next-label log-probs [B, T, U+1], one chunk at a time."""
 
     def forward_chunk(i, lse_acc, blank_acc, label_acc):
-        _, logits = _chunk_logits(padded, pred, kernel, bias, i * chunk, chunk)
+        _, logits = _chunk_logits(padded, pred, kernel, bias, i)
         lse = tf.reduce_logsumexp(logits, axis=-1)  # [B, C, U+1]
         picked_blank = logits[..., blank] - lse
         label_index = tf.broadcast_to(next_label[:, None, :], tf.shape(lse))
@@ -178,22 +188,16 @@ def _stitch(array: tf.TensorArray, frames) -> tf.Tensor:
 @functools.partial(tf.function, reduce_retracing=True)
 def _backward(padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk, frames):
     post_blank, post_label = _posteriors(saved, upstream, frames)  # [B, T, U+1]
-    pad = [[0, 0], [0, chunks * chunk - frames], [0, 0]]
-    post_blank, post_label = tf.pad(post_blank, pad), tf.pad(post_label, pad)
-    lse = tf.pad(saved.lse, pad)
+    post_blank, post_label, lse = (_in_chunks(x, chunk)[0]
+                                   for x in (post_blank, post_label, saved.lse))  # fmt: skip
     vocab = tf.shape(kernel)[1]
     blank_hot = tf.one_hot(blank, vocab, dtype=tf.float32)  # [V]
     label_hot = tf.one_hot(saved.next_label, vocab, dtype=tf.float32)[:, None]  # [B,1,U+1,V]
 
     def backward_chunk(i, d_enc, d_pred, d_kernel, d_bias):
-        start = i * chunk
-        hidden, logits = _chunk_logits(padded, pred, kernel, bias, start, chunk)
-
-        def part(x):
-            return tf.slice(x, [0, start, 0], [-1, chunk, -1])
-
-        blank_c, label_c = part(post_blank), part(post_label)
-        softmax = tf.exp(logits - part(lse)[..., None])
+        hidden, logits = _chunk_logits(padded, pred, kernel, bias, i)
+        blank_c, label_c = tf.gather(post_blank, i, axis=1), tf.gather(post_label, i, axis=1)
+        softmax = tf.exp(logits - tf.gather(lse, i, axis=1)[..., None])
         d_logits = (
             softmax * (blank_c + label_c)[..., None]
             - blank_c[..., None] * blank_hot

@@ -217,7 +217,8 @@ class ConformerEncoder(CompositeLayer):
 
     def call(self, features, feature_lengths, training=False):
         x, lengths = self.subsampling(features, feature_lengths)
-        seed = block_seeds(self.seeds, training)  # drawn outside any recomputed block
+        # Drawn here, outside any recomputed block, so a recomputation replays the masks.
+        seed = block_seeds(self.seeds, training and self.dropout > 0)
         x = seeded_dropout(x, self.dropout, seed, 0, training)
         for index, block in enumerate(self.blocks):
             block_seed = tf.random.experimental.stateless_fold_in(seed, index + 1)

@@ -24,8 +24,8 @@ def seeded_dropout(x, rate: float, seed, salt: int, training: bool):
 
 
 def block_seeds(generator: keras.random.SeedGenerator, training: bool):
-    """One [2] seed per call for a stack of blocks (a constant when not training, where no
-    dropout draws from it, so inference never advances the generator)."""
+    """One [2] seed per call for a stack of blocks; a constant when nothing draws from it
+    (not training, or no dropout), so the generator only advances when masks are drawn."""
     if not training:
         return tf.zeros([2], tf.int64)
     return tf.cast(generator.next(), tf.int64)

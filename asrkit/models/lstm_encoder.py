@@ -47,7 +47,8 @@ class LSTMEncoder(CompositeLayer):
     def call(self, features, feature_lengths, training=False):
         x, lengths = self.subsampling(features, feature_lengths)
         mask = tf.sequence_mask(lengths, tf.shape(x)[1])
-        seed = block_seeds(self.seeds, training)  # drawn outside any recomputed layer
+        # Drawn here, outside any recomputed layer, so a recomputation replays the masks.
+        seed = block_seeds(self.seeds, training and self.dropout > 0)
         for index, (lstm, norm) in enumerate(zip(self.lstms, self.norms, strict=True)):
 
             def run(x, lstm=lstm, norm=norm, index=index):

@@ -28,13 +28,13 @@ class ConvSubsampling(CompositeLayer):
 
     def call(self, features, lengths):
         # TF's Conv2D fails on an empty batch, which is what a replica gets as its share of a
-        # global micro-batch smaller than the replica count: convolve one silent row instead.
+        # global micro-batch smaller than the replica count: one silent row is always
+        # appended and sliced off again (no tf.cond, so XLA still knows every shape).
         batch = tf.shape(features)[0]
-        empty = tf.equal(batch, 0)
-        silent_row = tf.concat([[1], tf.shape(features)[1:]], 0)
-        features = tf.cond(empty, lambda: tf.zeros(silent_row, features.dtype), lambda: features)
-        lengths = tf.cond(empty, lambda: tf.zeros([1], lengths.dtype), lambda: lengths)
-        x = zero_padding(features, lengths)[..., None]  # [B, T, F, 1]
+        silent_row = tf.zeros(tf.concat([[1], tf.shape(features)[1:]], 0), features.dtype)
+        features = tf.concat([features, silent_row], axis=0)
+        lengths = tf.concat([lengths, tf.zeros([1], lengths.dtype)], axis=0)
+        x = zero_padding(features, lengths)[..., None]  # [B+1, T, F, 1]
         x = self.conv1(x)
         x = zero_padding(x, conv_frames(lengths))
         x = self.conv2(x)

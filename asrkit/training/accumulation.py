@@ -392,7 +392,9 @@ def _per_replica_compiled(fn):
         if replica is None:
             raise RuntimeError("jit_compile: the replica id is not known while tracing")
         if int(replica) not in compiled:
-            compiled[int(replica)] = tf.function(fn, jit_compile=True, reduce_retracing=True)
+            # Traced per input shape (XLA compiles per shape anyway): static shapes let
+            # size arguments, such as the fused loss's chunk count, be compile-time constants.
+            compiled[int(replica)] = tf.function(fn, jit_compile=True)
         return compiled[int(replica)](*args)
 
     return run

@@ -125,3 +125,25 @@ def test_the_task_trains_the_same_fused_or_not(kind):
     assert fused_loss == pytest.approx(plain_loss, rel=1e-5)
     assert len(fused_grads) == len(plain_grads) > 10
     _assert_grads_close(fused_grads, plain_grads, rtol=1e-5)
+
+
+def test_xla_with_unknown_shapes_picks_its_chunk_at_compile_time():
+    """As in an XLA micro-step traced with relaxed shapes: the budget-derived chunk (and so
+    the loop's sizes) must be resolvable when XLA compiles each concrete shape."""
+    enc, pred, kernel, bias, labels, frame_lengths, label_lengths = _case(seed=8)
+    spec = [tf.TensorSpec([None, None, None]), tf.TensorSpec([None, None, None]),
+            tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
+            tf.TensorSpec([None], tf.int32)]  # fmt: skip
+
+    @tf.function(jit_compile=True, input_signature=spec)
+    def compiled(enc, pred, labels, frame_lengths, label_lengths):
+        return _losses_and_grads(
+            lambda *a: fused_joint_rnnt_loss(*a, chunk_bytes=4096), enc, pred, kernel, bias,
+            labels, frame_lengths, label_lengths,
+        )  # fmt: skip
+
+    losses, got = compiled(enc, pred, labels, frame_lengths, label_lengths)
+    case = (enc, pred, kernel, bias, labels, frame_lengths, label_lengths)
+    want_losses, want = _losses_and_grads(_plain, *case)
+    np.testing.assert_allclose(losses.numpy(), want_losses.numpy(), rtol=1e-5)
+    _assert_grads_close(got, want, rtol=1e-5)
