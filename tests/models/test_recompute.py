@@ -38,7 +38,7 @@ def _loss_and_grads(kind, recompute, graph):
     return [run(BATCH) for _ in range(2)]  # two calls: the seed stream advances alike
 
 
-@pytest.mark.parametrize("graph", [False, True])
+@pytest.mark.parametrize("graph", [pytest.param(False, marks=pytest.mark.slow), True])
 @pytest.mark.parametrize("kind", ["conformer", "lstm"])
 def test_recomputed_blocks_give_the_same_loss_and_gradients(kind, graph):
     stored = _loss_and_grads(kind, recompute=False, graph=graph)

@@ -52,7 +52,7 @@ def run_workers(cmd, cwd, count=2, timeout=300, env=None):
     return outputs
 
 
-@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("jit", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_two_workers_equal_union_batch(tmp_path, jit):
     run_workers(
         [sys.executable, "-m", "tests.training.mwms_worker", str(tmp_path / "w{index}.npz"),

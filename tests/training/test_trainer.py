@@ -325,6 +325,7 @@ def test_verify_accumulation_passes_with_the_pruned_loss(workdir):
     assert report.passed and report.max_relative_difference < 1e-5
 
 
+@pytest.mark.slow
 def test_verify_accumulation_catches_batch_norm(workdir):
     # BatchNorm normalises each micro-batch with its own statistics: not the union's update.
     conformer = ["model.encoder.kind=conformer", "model.encoder.d_model=16",
@@ -334,6 +335,7 @@ def test_verify_accumulation_catches_batch_norm(workdir):
     assert not _verify(workdir, *conformer, "model.encoder.conv_norm=batch").passed
 
 
+@pytest.mark.slow
 def test_verify_accumulation_mixed_float16(workdir):
     report = _verify(workdir, "train.precision=mixed_float16")
     assert report.passed and report.attempts >= 2  # both sides really made their update
@@ -376,7 +378,9 @@ def test_fine_tune_with_a_new_vocabulary_and_a_frozen_encoder(workdir, uninterru
     assert same == sorted(frozen + unused), set(same) ^ set(frozen + unused)
 
 
-@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize(
+    "precision", ["mixed_float16", pytest.param("mixed_bfloat16", marks=pytest.mark.slow)]
+)
 def test_mixed_precision_training_runs_and_stays_finite(workdir, precision):
     import keras
 
