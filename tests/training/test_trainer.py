@@ -169,42 +169,50 @@ def test_resume_from_a_mid_epoch_checkpoint_ends_identical(workdir, uninterrupte
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
-@pytest.mark.slow
-def test_sigkill_at_any_moment_then_resume_ends_identical(workdir, uninterrupted):
-    exp = workdir / "exp_kill"
+def _start_training(workdir, exp, **popen):
+    """`asrkit train` on the module's config as a real process (so it can be signalled)."""
     cmd = [sys.executable, "-m", "asrkit.cli.main", "train", "--config", "conf.yaml",
            "--exp-dir", str(exp)]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # (a CheckpointManager here would sweep its .tmp dirs)
-        if len(list(exp.glob("checkpoints/ckpt-*/state.json"))) >= 3:
-            break
+    return cmd, env, subprocess.Popen(cmd, cwd=workdir, env=env, **popen)
+
+
+def _wait_for_checkpoints(exp, count: int, seconds: float = 120) -> None:
+    # (a CheckpointManager here would sweep the run's .tmp dirs)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if len(list(exp.glob("checkpoints/ckpt-*/state.json"))) >= count:
+            return
         time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert len(CheckpointManager(exp / "checkpoints").checkpoints()) >= 3
-    subprocess.run(cmd, cwd=workdir, env=env, check=True, capture_output=True, timeout=300)
-    a = _weights(CheckpointManager(workdir / "exp_a" / "checkpoints").latest())
-    b = _weights(CheckpointManager(exp / "checkpoints").latest())
+
+
+def _assert_same_final_weights(exp_a, exp_b) -> None:
+    a = _weights(CheckpointManager(exp_a / "checkpoints").latest())
+    b = _weights(CheckpointManager(exp_b / "checkpoints").latest())
+    assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
 @pytest.mark.slow
+def test_sigkill_at_any_moment_then_resume_ends_identical(workdir, uninterrupted):
+    exp = workdir / "exp_kill"
+    cmd, env, proc = _start_training(workdir, exp, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)  # fmt: skip
+    _wait_for_checkpoints(exp, 3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert len(CheckpointManager(exp / "checkpoints").checkpoints()) >= 3
+    subprocess.run(cmd, cwd=workdir, env=env, check=True, capture_output=True, timeout=300)
+    _assert_same_final_weights(workdir / "exp_a", exp)
+
+
+@pytest.mark.slow
 def test_sigterm_finishes_the_window_checkpoints_and_resumes_identically(workdir, uninterrupted):
     exp = workdir / "exp_term"
-    cmd = [sys.executable, "-m", "asrkit.cli.main", "train", "--config", "conf.yaml",
-           "--exp-dir", str(exp)]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if len(list(exp.glob("checkpoints/ckpt-*/state.json"))) >= 2:
-            break
-        time.sleep(0.05)
+    cmd, env, proc = _start_training(workdir, exp, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)  # fmt: skip
+    _wait_for_checkpoints(exp, 2)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
@@ -217,10 +225,7 @@ def test_sigterm_finishes_the_window_checkpoints_and_resumes_identically(workdir
     assert latest.name < final.name  # it really stopped early
 
     subprocess.run(cmd, cwd=workdir, env=env, check=True, capture_output=True, timeout=300)
-    a, b = _weights(final), _weights(CheckpointManager(exp / "checkpoints").latest())
-    assert a.keys() == b.keys()
-    for name in a:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    _assert_same_final_weights(workdir / "exp_a", exp)
 
 
 def test_a_failing_save_stops_training_and_keeps_earlier_checkpoints(workdir, monkeypatch):
