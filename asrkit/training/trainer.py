@@ -187,8 +187,7 @@ def _build(run: _Run, data: _TrainingData, strategy) -> TransducerTask:
         total_updates = config.train.epochs * math.ceil(data.micro_per_epoch / data.steps)
         task = build_task(config, run.tokenizer.vocab_size, data.steps, total_updates=total_updates)
         task.build_engine(next(iter(_dataset(config, data, 0))))
-    parameters = sum(int(np.prod(v.shape)) for v in task.trainable_variables)
-    run.log(f"model: {parameters:,} parameters, vocabulary {run.tokenizer.vocab_size}")
+    run.log(f"model: {_parameters(task):,} parameters, vocabulary {run.tokenizer.vocab_size}")
     if config.train.probe_memory:
         shape = largest_micro_batch(data.frames, data.tokens, data.plan, data.replicas)
         multiple = data.pipe.label_pad_multiple  # as the pipeline pads them
@@ -219,7 +218,6 @@ def _run_epochs(task, run: _Run, data: _TrainingData, state: TrainState, stop) -
         writer = tf.summary.create_file_writer(str(run.exp_dir / "tensorboard"))
     else:
         writer = tf.summary.create_noop_writer()
-    parameters = sum(int(np.prod(v.shape)) for v in task.trainable_variables)
     dev_wer, epoch_losses, last = state.best_wer, [], None
     while state.epoch < config.train.epochs and not stop.signal:
         progress = TrainingProgress(
@@ -244,7 +242,11 @@ def _run_epochs(task, run: _Run, data: _TrainingData, state: TrainState, stop) -
                 tf.summary.scalar("dev/wer", dev_wer, step=updates)
             run.log(f"epoch {state.epoch}: dev WER {dev_wer * 100:.2f} %")
         last = manager.save(task.network, state, task.optimizer)
-    return TrainResult(state, dev_wer, parameters, 0.0, epoch_losses, stop.signal, last)
+    return TrainResult(state, dev_wer, _parameters(task), 0.0, epoch_losses, stop.signal, last)
+
+
+def _parameters(task) -> int:
+    return sum(int(np.prod(v.shape)) for v in task.trainable_variables)
 
 
 @contextlib.contextmanager

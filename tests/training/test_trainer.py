@@ -186,6 +186,14 @@ def _wait_for_checkpoints(exp, count: int, seconds: float = 120) -> None:
         time.sleep(0.05)
 
 
+def _assert_model_weights_close(got: dict, want: dict, rtol: float, atol: float) -> None:
+    """Both checkpoints hold the same values; the network's weights agree to tolerance."""
+    model_keys = [k for k in want if k.startswith("weights/")]
+    assert model_keys and set(got) == set(want)
+    for key in model_keys:
+        np.testing.assert_allclose(got[key], want[key], rtol=rtol, atol=atol, err_msg=key)
+
+
 def _assert_same_final_weights(exp_a, exp_b) -> None:
     a = _weights(CheckpointManager(exp_a / "checkpoints").latest())
     b = _weights(CheckpointManager(exp_b / "checkpoints").latest())
@@ -425,11 +433,7 @@ def test_jit_compile_under_mirrored_trains_like_without(workdir):
     assert results["true"].state.updates == results["false"].state.updates > 0
     (plain,) = CheckpointManager(workdir / "exp_jit_false" / "checkpoints").checkpoints()
     (jit,) = CheckpointManager(workdir / "exp_jit_true" / "checkpoints").checkpoints()
-    got, want = _weights(jit), _weights(plain)
-    model_keys = [k for k in want if k.startswith("weights/")]
-    assert model_keys and set(got) == set(want)
-    for key in model_keys:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-6, err_msg=key)
+    _assert_model_weights_close(_weights(jit), _weights(plain), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -461,9 +465,6 @@ def test_two_worker_training_equals_one_process_with_the_same_global_batches(wor
     (multi,) = CheckpointManager(tmp_path / "multi" / "checkpoints").checkpoints()
     (alone,) = CheckpointManager(tmp_path / "single" / "checkpoints").checkpoints()
     got, want = _weights(multi), _weights(alone)
-    model_keys = [k for k in want if k.startswith("weights/")]
-    assert model_keys and set(got) == set(want)
-    for key in model_keys:
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-3, atol=1e-5, err_msg=key)
+    _assert_model_weights_close(got, want, rtol=1e-3, atol=1e-5)
     iterations = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
     assert int(got[iterations]) == int(want[iterations]) > 0
