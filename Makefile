@@ -15,8 +15,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 # The main job: the mini recipe, from synthesising the corpus to the test-set WER.
+# SEED picks another corpus (voices, held-out split, texts) and training seed.
+SEED ?= 0
 demo: $(VENV)/.installed
-	ASRKIT=$(abspath $(BIN))/asrkit bash recipes/mini/run.sh --work exp/mini
+	ASRKIT=$(abspath $(BIN))/asrkit bash recipes/mini/run.sh --work exp/mini --seed $(SEED)
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest

@@ -59,6 +59,7 @@ class FeatureConfig:
 ENCODERS = ("conformer", "lstm")
 NORMALIZERS = ("tokens", "utterances")
 LOSSES = ("full", "pruned")
+PREDICTORS = ("lstm", "stateless")
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,17 @@ class EncoderConfig:
 
 @dataclass(frozen=True)
 class PredictorConfig:
+    kind: str = "lstm"  # lstm | stateless (the last `context_size` labels, no recurrence)
     embed_dim: int = 128
     units: int = 320
-    num_layers: int = 1
+    num_layers: int = 1  # lstm
+    context_size: int = 2  # stateless
     dropout: float = 0.1
 
     def __post_init__(self):
-        _at_least(self, "model.predictor", embed_dim=1, units=1, num_layers=1)
+        if self.kind not in PREDICTORS:
+            raise ValueError(f"model.predictor.kind must be one of {PREDICTORS}, got {self.kind!r}")
+        _at_least(self, "model.predictor", embed_dim=1, units=1, num_layers=1, context_size=1)
         if not 0 <= self.dropout < 1:
             raise ValueError(f"model.predictor.dropout must be in [0, 1), got {self.dropout}")
 
@@ -149,11 +154,16 @@ class DataConfig:
     num_buckets: int = 8
     shuffle_buffer: int = 2048
     spec_augment: bool = True
+    # Per-utterance warp of the mel axis by a factor in [1 - w, 1 + w]: unseen voices
+    # (vocal tract lengths) for free; 0 turns it off. Training only.
+    freq_warp: float = 0.0
     label_pad_multiple: int = 8  # pad U to a multiple: fewer distinct shapes to compile
 
     def __post_init__(self):
         _positive(self, "data", "batch_seconds")
         _at_least(self, "data", num_buckets=1, shuffle_buffer=1, label_pad_multiple=1)
+        if not 0 <= self.freq_warp < 0.5:
+            raise ValueError(f"data.freq_warp must be in [0, 0.5), got {self.freq_warp}")
 
 
 @dataclass(frozen=True)

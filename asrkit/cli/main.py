@@ -2,9 +2,8 @@
 
 User errors (`asrkit.errors.UserError`, and a file or directory that is missing or cannot
 be read) become one line `asrkit <command>: error: ...` on stderr and exit code 2; anything
-else is a bug and keeps its traceback. TensorFlow's start-up chatter (oneDNN notices, CUDA
-probing, CPU-feature lines) is silenced before TensorFlow is imported, unless `--verbose`
-or ASRKIT_VERBOSE=1.
+else is a bug and keeps its traceback. TensorFlow's native logging (oneDNN notices, CUDA
+probing, CPU-feature lines) is kept off the terminal unless `--verbose` or ASRKIT_VERBOSE=1.
 """
 
 from __future__ import annotations
@@ -70,25 +69,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def quiet_tensorflow(verbose: bool) -> None:
-    """Imports TensorFlow with its start-up chatter silenced (unless `verbose`).
+    """Keeps TensorFlow's native logging off the terminal (unless `verbose`).
 
-    TF 2.21's native libraries log through absl before any log level applies (the
-    "All log messages before absl::InitializeLog()" notice, oneDNN, CUDA probing), so the
-    import runs with file descriptor 2 pointed at /dev/null; a failing import still raises
-    its Python exception. After it, TF_CPP_MIN_LOG_LEVEL keeps later INFO/WARNING quiet.
+    TF 2.21's native libraries log through absl whatever the log level (the "All log
+    messages before absl::InitializeLog()" notice at import, "failed call to cuInit" when the
+    devices are first listed, oneDNN notices at the first boolean op), straight to file
+    descriptor 2. So descriptor 2 is pointed at /dev/null for the whole process and Python's
+    `sys.stderr` (our errors, warnings, tracebacks) writes to a duplicate of the original.
     """
     if verbose or "tensorflow" in sys.modules:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    try:
-        sys.stderr.flush()
-        os.dup2(devnull, 2)
-        import tensorflow  # noqa: F401
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+    sys.stderr.flush()
+    original = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    sys.stderr = os.fdopen(original, "w", buffering=1, encoding=sys.stderr.encoding,
+                           errors=sys.stderr.errors)  # fmt: skip
+    import tensorflow
+
+    tensorflow.config.list_physical_devices()  # CUDA probing happens here, not at import
 
 
 _USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,

@@ -4,8 +4,10 @@ Batching is by duration: bucket boundaries are quantiles of the utterance length
 bucket's batch size is the audio budget divided by its boundary, and every batch is
 padded to its bucket boundary, so there are few distinct shapes and little padding.
 Order is a pure function of (seed, epoch): a resumed run rebuilds the same epoch and
-skips the micro-batches it already consumed. SpecAugment runs per utterance, before
-padding, with stateless randomness keyed by (seed, epoch, position).
+skips the micro-batches it already consumed. Augmentation runs per utterance, before
+padding, with stateless randomness keyed by (seed, epoch, position): an optional
+frequency warp of the log-mel bins (a new vocal tract length per utterance, on the
+features before normalisation), then SpecAugment's masks.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class PipelineConfig:
     # Labels are padded to a multiple of this (with blank, beyond label_lengths): a new
     # longest transcript then rarely means a new shape, so compiled steps are reused.
     label_pad_multiple: int = 8
+    # Warp the mel axis by a factor drawn per utterance from [1 - w, 1 + w] (0: off).
+    freq_warp: float = 0.0
 
 
 def pipeline_config(config: ExperimentConfig, replicas: int = 1) -> PipelineConfig:
@@ -60,6 +64,7 @@ def pipeline_config(config: ExperimentConfig, replicas: int = 1) -> PipelineConf
         num_buckets=d.num_buckets,
         shuffle_buffer=d.shuffle_buffer,
         label_pad_multiple=d.label_pad_multiple,
+        freq_warp=d.freq_warp,
         frame_step_seconds=config.features.frame_step / config.features.sample_rate,
         **({} if d.spec_augment else {"spec_augment": None}),
     )
@@ -126,6 +131,24 @@ def spec_augment(
     return tf.where(keep, features, tf.zeros_like(features))
 
 
+def frequency_warp(features: tf.Tensor, factor: tf.Tensor) -> tf.Tensor:
+    """[T, F] log-mel -> the same utterance as if spoken with formants `factor` times higher.
+
+    Output bin i takes the (linearly interpolated) input at bin i / factor, clamped to the
+    edges: a vocal-tract-length change on the mel scale, as VTLP does it (Jaitly & Hinton,
+    2013) but on the features, so it costs one gather per utterance. factor 1 is identity.
+    """
+    bins = tf.shape(features)[1]
+    top = tf.cast(bins - 1, tf.float32)
+    factor = tf.cast(factor, tf.float32)
+    source = tf.clip_by_value(tf.range(bins, dtype=tf.float32) / factor, 0.0, top)
+    low = tf.cast(tf.floor(source), tf.int32)
+    high = tf.minimum(low + 1, bins - 1)
+    weight = source - tf.cast(low, tf.float32)
+    below, above = tf.gather(features, low, axis=1), tf.gather(features, high, axis=1)
+    return below + (above - below) * weight[None, :]
+
+
 def _uniform_int(seed, low, high, salt: int) -> tf.Tensor:
     seed = tf.random.experimental.stateless_fold_in(seed, salt)
     return tf.random.stateless_uniform([], seed, minval=low, maxval=high, dtype=tf.int32)
@@ -160,17 +183,26 @@ def make_dataset(
         dataset = dataset.shuffle(
             config.shuffle_buffer, seed=order_seed, reshuffle_each_iteration=False
         )
-    if normalize is not None:
-        dataset = dataset.map(lambda e: {**e, "features": normalize(e["features"])})
-    if training and config.spec_augment is not None:
-        augment = config.spec_augment
+    augment = config.spec_augment if training else None
+    warp = config.freq_warp if training else 0.0
+    if augment is not None or warp > 0:
 
         def apply(index, e):
             key = tf.stack([tf.constant(order_seed, tf.int64), index])
-            augmented = spec_augment(e["features"], e["feature_lengths"], augment, key)
-            return {**e, "features": augmented}
+            features = e["features"]
+            if warp > 0:
+                draw = tf.random.experimental.stateless_fold_in(key, 7)
+                factor = tf.random.stateless_uniform([], draw, 1.0 - warp, 1.0 + warp)
+                features = frequency_warp(features, factor)
+            if normalize is not None:
+                features = normalize(features)
+            if augment is not None:
+                features = spec_augment(features, e["feature_lengths"], augment, key)
+            return {**e, "features": features}
 
         dataset = dataset.enumerate().map(apply, num_parallel_calls=tf.data.AUTOTUNE)
+    elif normalize is not None:
+        dataset = dataset.map(lambda e: {**e, "features": normalize(e["features"])})
     dataset = dataset.bucket_by_sequence_length(
         element_length_func=lambda e: e["feature_lengths"],
         bucket_boundaries=boundaries,

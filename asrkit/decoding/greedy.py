@@ -51,8 +51,9 @@ def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = 3
             new_out, new_state = predictor.step(tf.where(emit, best, BLANK_ID), state)
             keep = emit[:, None]
             pred_out = tf.where(keep, new_out, pred_out)
-            state = [(tf.where(keep, h2, h), tf.where(keep, c2, c))
-                     for (h, c), (h2, c2) in zip(state, new_state, strict=True)]  # fmt: skip
+            state = tf.nest.map_structure(
+                lambda new, old: tf.where(keep, new, old), new_state, state
+            )
             return s + 1, emit, pred_out, state, tokens, token_frames, counts, scores
 
         loop = tf.while_loop(

@@ -1,7 +1,15 @@
 """The predictor (label network): previous labels -> [B, U+1, D].
 
 `call(labels)` is for training (the blank id doubles as the start symbol, so position 0
-sees only it); `step(tokens, state)` advances one label at a time for decoding.
+sees only it); `step(tokens, state)` advances one label at a time for decoding. The state
+is a nested structure of [B, ...] tensors that decoders carry without looking inside.
+
+Two kinds (`model.predictor.kind`):
+* `lstm`: embedding -> LSTM layers; the state is each layer's (h, c).
+* `stateless`: the last `context_size` labels only (Ghodsi et al. 2020, "Rnn-transducer
+  with stateless prediction network"; icefall's default): their embeddings, concatenated,
+  through one dense layer. No recurrence, so no sequential loop over labels in training;
+  the state is the previous `context_size - 1` labels.
 """
 
 from __future__ import annotations
@@ -69,3 +77,73 @@ class LSTMPredictor(CompositeLayer):
             "num_layers": self.num_layers,
             "dropout": self.dropout,
         }
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class StatelessPredictor(CompositeLayer):
+    """Output at position u depends on labels u-context+1 .. u (blank before the start)."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int = 128,
+        units: int = 320,
+        context_size: int = 2,
+        dropout: float = 0.1,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocab_size, self.embed_dim, self.units = vocab_size, embed_dim, units
+        self.context_size, self.dropout = context_size, dropout
+        self.embedding = keras.layers.Embedding(vocab_size, embed_dim, name="embedding")
+        self.context = keras.layers.Dense(units, activation="relu", name="context")
+        self.drop = keras.layers.Dropout(dropout)
+
+    @property
+    def output_dim(self) -> int:
+        return self.units
+
+    def _window(self, history, training=False):
+        """history [B, L + context - 1] -> [B, L, units], one window per output."""
+        x = self.embedding(history)  # [B, L + C - 1, E]
+        length = tf.shape(history)[1] - self.context_size + 1
+        windows = [x[:, i : i + length, :] for i in range(self.context_size)]
+        x = self.context(tf.concat(windows, axis=-1))
+        return self.drop(x, training=training)
+
+    def call(self, labels, training=False):
+        """labels [B, U] -> [B, U+1, units]."""
+        blank = tf.constant(BLANK_ID, labels.dtype)
+        start = tf.fill([tf.shape(labels)[0], self.context_size], blank)
+        return self._window(tf.concat([start, labels], axis=1), training)
+
+    def initial_state(self, batch_size) -> tf.Tensor:
+        return tf.fill([batch_size, self.context_size - 1], BLANK_ID)
+
+    def step(self, tokens, state):
+        """tokens [B] -> ([B, units], the last context - 1 labels)."""
+        history = tf.concat([state, tf.cast(tokens, state.dtype)[:, None]], axis=1)
+        return self._window(history)[:, 0, :], history[:, 1:]
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size,
+            "embed_dim": self.embed_dim,
+            "units": self.units,
+            "context_size": self.context_size,
+            "dropout": self.dropout,
+        }
+
+
+def build_predictor(vocab_size: int, config) -> keras.layers.Layer:
+    """The predictor a `PredictorConfig` describes."""
+    if config.kind == "stateless":
+        return StatelessPredictor(
+            vocab_size, config.embed_dim, config.units, config.context_size, config.dropout,
+            name="predictor",
+        )  # fmt: skip
+    return LSTMPredictor(
+        vocab_size, config.embed_dim, config.units, config.num_layers, config.dropout,
+        name="predictor",
+    )  # fmt: skip

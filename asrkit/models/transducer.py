@@ -17,7 +17,7 @@ from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
 from asrkit.models.conformer import ConformerEncoder
 from asrkit.models.joint import Joint, SimpleJoiner
 from asrkit.models.lstm_encoder import LSTMEncoder
-from asrkit.models.predictor import LSTMPredictor
+from asrkit.models.predictor import build_predictor
 
 
 def build_encoder(config: EncoderConfig):
@@ -43,10 +43,7 @@ class Transducer(keras.Model):
             config = model_config_from_dict(config)
         self.vocab_size, self.config = int(vocab_size), config
         self.encoder = build_encoder(config.encoder)
-        p = config.predictor
-        self.predictor = LSTMPredictor(
-            vocab_size, p.embed_dim, p.units, p.num_layers, p.dropout, name="predictor"
-        )
+        self.predictor = build_predictor(vocab_size, config.predictor)
         self.joint = Joint(vocab_size, config.joint_dim, name="joint")
         # Only the pruned loss trains (and so the network carries) the trivial joiner.
         self.simple = SimpleJoiner(vocab_size, name="simple") if config.loss == "pruned" else None

@@ -2,7 +2,8 @@
 # The mini recipe: a transducer trained from nothing on the built-in synthetic corpus.
 #
 # Usage: recipes/mini/run.sh [--stage N] [--stop-stage M] [--work DIR] [--preset mini|tiny]
-#                            [--config FILE] [--set key=value]...
+#                            [--config FILE] [--seed N] [--set key=value]...
+#   --seed N picks the corpus (texts, voices and the held-out split) and the training seed
 #   0  synthesise the corpus (eSpeak NG; Debian's flite/festival voices too when present,
 #      installed with apt when run as root unless ASRKIT_NO_APT=1)
 #   1  prepare LibriSpeech-style manifests
@@ -17,7 +18,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-stage=0; stop_stage=6; work=exp/mini; preset=mini; config="$here/conf/lstm_cpu.yaml"; sets=()
+stage=0; stop_stage=6; work=exp/mini; preset=mini; config="$here/conf/lstm_cpu.yaml"; seed=0
+sets=()
 while (( $# )); do
   case "$1" in
     --stage) stage=$2; shift 2 ;;
@@ -25,8 +27,9 @@ while (( $# )); do
     --work) work=$2; shift 2 ;;
     --preset) preset=$2; shift 2 ;;
     --config) config=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
+    --seed) seed=$2; shift 2 ;;
     --set) sets+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -40,7 +43,7 @@ install_voices() {
     apt-get install -y -qq flite festival festvox-kallpc16k festvox-us-slt-hts sox \
       >/dev/null 2>&1 || log "could not install the Debian voices; eSpeak NG only"
   fi
-  "$asrkit" corpus synth --out corpus --preset "$preset" --seed 0
+  "$asrkit" corpus synth --out corpus --preset "$preset" --seed "$seed"
 }
 features() {
   for part in train-clean-100 dev-clean test-clean; do
@@ -57,7 +60,8 @@ vocab=64; [[ $preset == tiny ]] && vocab=28  # a dozen sentences cannot fill 64 
 run_stage 2 tokenizer "$asrkit" tokenizer train --manifest data/train-clean-100.jsonl \
   --vocab-size "$vocab" --model-type unigram --out tokenizer
 run_stage 3 features features
-run_stage 4 train "$asrkit" train --config "$config" --exp-dir exp "${sets[@]}"
+run_stage 4 train "$asrkit" train --config "$config" --exp-dir exp --set "train.seed=$seed" \
+  "${sets[@]}"
 decode() {
   "$asrkit" decode --exp-dir exp --shards shards/test --average 2 --method greedy \
     --out exp/decode_test_greedy

@@ -82,3 +82,21 @@ def test_an_experiment_without_its_tokenizer_is_a_clear_error(tmp_path, capsys):
     (exp / "config.yaml").write_text(json.dumps({"data": {"tokenizer": "tokenizer"}}))
     assert main(["decode", "--exp-dir", str(exp), "--manifest", "m.jsonl"]) == 2
     assert f"{exp}/tokenizer/tokenizer.json: missing" in _one_error_line(capsys, "decode")
+
+
+def test_tensorflow_native_logging_stays_off_the_terminal_after_start_up(tmp_path):
+    # cuInit is probed when devices are first listed and oneDNN complains at the first
+    # boolean op: both after the import, both straight to descriptor 2.
+    script = (
+        "import sys\n"
+        "from asrkit.cli.main import quiet_tensorflow\n"
+        "quiet_tensorflow(verbose=False)\n"
+        "import tensorflow as tf\n"
+        "tf.config.list_physical_devices()\n"
+        "print(bool(tf.reduce_any(tf.constant([True]) & tf.constant([False]))), file=sys.stderr)\n"
+        "print('ours', file=sys.stderr)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == ["False", "ours"]

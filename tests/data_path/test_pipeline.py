@@ -15,6 +15,7 @@ from asrkit.data.pipeline import (
     SpecAugmentConfig,
     bucket_plan,
     count_filtered,
+    frequency_warp,
     make_dataset,
     spec_augment,
 )
@@ -133,6 +134,55 @@ def test_augmented_batches_keep_lengths_and_zero_padding(tmp_path):
             assert np.all(fb[row][diff] == 0)  # augmentation only zeroes, never moves
             changed += diff.any()
     assert changed > 0
+
+
+@pytest.mark.parametrize("factor", [0.9, 1.0, 1.13])
+def test_frequency_warp_is_linear_interpolation_of_the_mel_axis(factor):
+    rng = np.random.default_rng(3)
+    features = rng.standard_normal((7, 80)).astype(np.float32)
+    out = frequency_warp(tf.constant(features), tf.constant(factor)).numpy()
+    source = np.clip(np.arange(80) / factor, 0, 79)
+    expected = np.stack([np.interp(source, np.arange(80), row) for row in features])
+    np.testing.assert_allclose(out, expected, atol=1e-4)
+    # A formant at bin 30 moves to bin 30 x factor.
+    peak = np.zeros((1, 80), np.float32)
+    peak[0, 30] = 1.0
+    moved = frequency_warp(tf.constant(peak), tf.constant(factor)).numpy()[0]
+    assert abs(np.argmax(moved) - 30 * factor) <= 1.0
+
+
+def test_frequency_warp_applies_before_normalising_in_training_only(tmp_path):
+    files, lengths = _fake_shards(tmp_path)
+    base = PipelineConfig(batch_seconds=8.0, num_buckets=4, spec_augment=None, shuffle_buffer=1)
+    warped = PipelineConfig(batch_seconds=8.0, num_buckets=4, spec_augment=None,
+                            shuffle_buffer=1, freq_warp=0.2)  # fmt: skip
+    plan = bucket_plan(lengths, base)
+    normalize = lambda x: (x - 5.0) * 2.0  # noqa: E731
+    a = _collect(make_dataset(files, base, *plan, training=True, seed=2, normalize=normalize))
+    b = _collect(make_dataset(files, warped, *plan, training=True, seed=2, normalize=normalize))
+    again = make_dataset(files, warped, *plan, training=True, seed=2, normalize=normalize)
+    for (fa, la, *_), (fb, lb, *_), (fc, *_) in zip(a, b, _collect(again), strict=True):
+        np.testing.assert_array_equal(la, lb)
+        np.testing.assert_array_equal(fb, fc)  # a function of (seed, epoch)
+        for row in range(len(la)):
+            n = la[row]
+            assert np.all(fb[row, n:] == 0)
+            assert not np.allclose(fa[row, :n], fb[row, :n])
+            # Each frame of b is a warp of the raw frame: un-normalise, then check against
+            # interpolation of the raw features at some factor in [0.8, 1.2].
+            raw_b, raw_a = fb[row, :n] / 2.0 + 5.0, fa[row, :n] / 2.0 + 5.0
+
+            def error(factor, raw_a=raw_a, raw_b=raw_b):
+                warp = frequency_warp(tf.constant(raw_a), tf.constant(factor)).numpy()
+                return np.abs(warp - raw_b).max()
+
+            coarse = min(np.linspace(0.8, 1.2, 201), key=error)
+            fine = min(np.linspace(coarse - 0.002, coarse + 0.002, 201), key=error)
+            assert error(fine) < 0.01 < error(1.0)
+    evaluation = _collect(make_dataset(files, warped, *plan, training=False, normalize=normalize))
+    plain = _collect(make_dataset(files, base, *plan, training=False, normalize=normalize))
+    for (fa, *_), (fb, *_) in zip(evaluation, plain, strict=True):
+        np.testing.assert_array_equal(fa, fb)
 
 
 def test_too_few_frames_for_the_tokens_are_filtered_and_counted(tmp_path):

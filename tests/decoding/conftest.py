@@ -8,14 +8,15 @@ from asrkit.models.transducer import Transducer
 from tests.tiny import tiny_model_config
 
 
-@pytest.fixture(scope="package")
-def model():
-    return tiny_transducer(vocab_size=9, seed=4)
+@pytest.fixture(scope="package", params=["lstm", "stateless"])
+def model(request):
+    """The decoders carry the predictor's state without looking inside: both kinds."""
+    return tiny_transducer(vocab_size=9, seed=4, predictor=request.param)
 
 
-def tiny_transducer(vocab_size, seed, blank_bias=-2.0):
+def tiny_transducer(vocab_size, seed, blank_bias=-2.0, predictor="lstm"):
     tf.keras.utils.set_random_seed(seed)
-    m = Transducer(vocab_size, tiny_model_config())
+    m = Transducer(vocab_size, tiny_model_config(predictor=predictor))
     m.build_from_features(80)
     # Move the output bias away from blank so that the untrained model emits symbols.
     bias = m.joint.output_layer.bias

@@ -16,7 +16,7 @@ from asrkit.models.conformer import (
 )
 from asrkit.models.joint import Joint
 from asrkit.models.lstm_encoder import LSTMEncoder
-from asrkit.models.predictor import LSTMPredictor
+from asrkit.models.predictor import LSTMPredictor, StatelessPredictor
 from asrkit.models.subsampling import ConvSubsampling
 from asrkit.models.transducer import Transducer
 from asrkit.training.task import TransducerTask
@@ -41,6 +41,7 @@ LAYERS = {
     ),
     "lstm_encoder": (lambda: LSTMEncoder(16, 2, 0.1, 8), lambda m: m(FEATS, FEAT_LENGTHS)[0]),
     "predictor": (lambda: LSTMPredictor(10, 8, 16), lambda m: m(LABELS)),
+    "stateless_predictor": (lambda: StatelessPredictor(10, 8, 16, 3), lambda m: m(LABELS)),
     "joint": (lambda: Joint(10, 12), lambda m: m(X, X[:, :4])),
 }
 
