@@ -57,6 +57,9 @@ class TrainState:
     micro_batches: int  # micro-batches of that epoch already consumed
     updates: int  # optimizer updates so far
     best_wer: float | None = None
+    # What the epoch's order is a function of (`asrkit.data.order.DataPlanKey.as_dict()`):
+    # `micro_batches` counts micro-batches of that order only.
+    data_plan: dict | None = None
 
 
 # ------------------------------------------------------------------------- variable names

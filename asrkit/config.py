@@ -11,6 +11,7 @@ import dataclasses
 import os
 import types
 import typing
+import warnings
 from dataclasses import dataclass
 
 import yaml
@@ -152,7 +153,6 @@ class DataConfig:
     cmvn: str | None = None  # JSON from `asrkit features cmvn`
     batch_seconds: float = 60.0  # audio per micro-batch, padding included
     num_buckets: int = 8
-    shuffle_buffer: int = 2048
     spec_augment: bool = True
     # Per-utterance warp of the mel axis by a factor in [1 - w, 1 + w]: unseen voices
     # (vocal tract lengths) for free; 0 turns it off. Training only.
@@ -161,7 +161,7 @@ class DataConfig:
 
     def __post_init__(self):
         _positive(self, "data", "batch_seconds")
-        _at_least(self, "data", num_buckets=1, shuffle_buffer=1, label_pad_multiple=1)
+        _at_least(self, "data", num_buckets=1, label_pad_multiple=1)
         if not 0 <= self.freq_warp < 0.5:
             raise ValueError(f"data.freq_warp must be in [0, 0.5), got {self.freq_warp}")
 
@@ -224,6 +224,12 @@ class ExperimentConfig:
 
 # Keys that moved between sections: a config naming the old place gets told the new one.
 MOVED_KEYS = {"train.max_symbols_per_step": "decode.max_symbols_per_step"}
+# Keys that no longer mean anything: accepted (experiments made before keep loading) and
+# ignored, with a warning saying why.
+REMOVED_KEYS = {
+    "data.shuffle_buffer": "epochs are shuffled whole from an index of the shards (0.3), "
+    "there is no buffer to size",
+}
 
 
 class ConfigError(UserError, ValueError):
@@ -236,9 +242,14 @@ def build_config(cls, data: dict, section: str = ""):
         raise ConfigError(f"section '{section or 'top level'}' must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    for key in data:
+    data = dict(data)
+    for key in list(data):
         if key not in names:
             path = f"{section}.{key}" if section else key
+            if path in REMOVED_KEYS:
+                warnings.warn(f"'{path}' is ignored: {REMOVED_KEYS[path]}", stacklevel=2)
+                del data[key]
+                continue
             if path in MOVED_KEYS:
                 raise ConfigError(f"'{path}' is now '{MOVED_KEYS[path]}'; rename it")
             where = f"section '{section}'" if section else "the top level"

@@ -51,7 +51,7 @@ TINY_CONFORMER = [
     "model.predictor.embed_dim=8", "model.predictor.units=16", "model.joint_dim=16",
     # 2 epochs: under mixed_float16 the first windows overflow the initial loss scale and are
     # skipped (by design), and averaging needs 2 checkpoints of different updates.
-    "data.num_buckets=3", "data.shuffle_buffer=64", "train.epochs=2",
+    "data.num_buckets=3", "train.epochs=2",
     "train.warmup_updates=2", "train.checkpoint_every=1", "train.keep_checkpoints=3",
     "train.effective_batch_seconds=20",
 ]  # fmt: skip

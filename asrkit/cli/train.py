@@ -12,6 +12,9 @@ def register(subparsers) -> None:
     train.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override, e.g. --set train.epochs=5")  # fmt: skip
     train.add_argument("--init-from", help="checkpoint or experiment dir to fine-tune from")
+    train.add_argument("--new-epoch-order", action="store_true",
+                       help="resume although shards, buckets, micro-batch sizes or seed changed: "
+                       "the current epoch starts again in the new order")  # fmt: skip
     train.set_defaults(func=run)
 
 
@@ -20,7 +23,8 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.training.trainer import train
 
     config = load_config(args.config, args.overrides)
-    result = train(config, args.exp_dir, init_from=args.init_from)
+    result = train(config, args.exp_dir, init_from=args.init_from,
+                   new_epoch_order=args.new_epoch_order)  # fmt: skip
     if result.stopped_by:
         where = result.checkpoint.name if result.checkpoint else "no new checkpoint"
         print(

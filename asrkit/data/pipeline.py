@@ -3,11 +3,12 @@
 Batching is by duration: bucket boundaries are quantiles of the utterance lengths, each
 bucket's batch size is the audio budget divided by its boundary, and every batch is
 padded to its bucket boundary, so there are few distinct shapes and little padding.
-Order is a pure function of (seed, epoch): a resumed run rebuilds the same epoch and
-skips the micro-batches it already consumed. Augmentation runs per utterance, before
-padding, with stateless randomness keyed by (seed, epoch, position): an optional
-frequency warp of the log-mel bins (a new vocal tract length per utterance, on the
-features before normalisation), then SpecAugment's masks.
+Which utterances form each micro-batch, in which order, is planned before reading
+(`asrkit.data.order`): a pure function of (seed, epoch), so a resumed run reads only the
+micro-batches after the ones it consumed, and host memory is a few micro-batches.
+Augmentation runs per utterance, before padding, with stateless randomness keyed by
+(seed, epoch, utterance): an optional frequency warp of the log-mel bins (a new vocal
+tract length per utterance, on the features before normalisation), then SpecAugment.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.config import ExperimentConfig
-from asrkit.data.records import parse_example
+from asrkit.data.order import RecordIndex, epoch_order, index_records, order_seed
+from asrkit.data.records import lengths_index, parse_example
 from asrkit.features import encoder_frames
 
 
@@ -45,7 +47,6 @@ class SpecAugmentConfig:
 class PipelineConfig:
     batch_seconds: float = 60.0  # audio per micro-batch, padding included
     num_buckets: int = 8
-    shuffle_buffer: int = 2048
     frame_step_seconds: float = 0.01
     spec_augment: SpecAugmentConfig | None = field(default_factory=SpecAugmentConfig)
     # Labels are padded to a multiple of this (with blank, beyond label_lengths): a new
@@ -62,7 +63,6 @@ def pipeline_config(config: ExperimentConfig, replicas: int = 1) -> PipelineConf
     return PipelineConfig(
         batch_seconds=d.batch_seconds * replicas,
         num_buckets=d.num_buckets,
-        shuffle_buffer=d.shuffle_buffer,
         label_pad_multiple=d.label_pad_multiple,
         freq_warp=d.freq_warp,
         frame_step_seconds=config.features.frame_step / config.features.sample_rate,
@@ -100,13 +100,6 @@ def enough_frames(frames, tokens):
 
 def keep_example(example: dict) -> tf.Tensor:
     return enough_frames(example["feature_lengths"], example["label_lengths"])
-
-
-def count_filtered(files: list[str], config: PipelineConfig, num_mel_bins: int = 80) -> int:
-    """How many utterances `make_dataset` drops for having too few frames for their tokens."""
-    dataset = tf.data.TFRecordDataset(sorted(files)).map(lambda r: parse_example(r, num_mel_bins))
-    dropped = dataset.filter(lambda e: tf.logical_not(keep_example(e)))
-    return int(dropped.reduce(0, lambda n, _: n + 1))
 
 
 def spec_augment(
@@ -154,6 +147,28 @@ def _uniform_int(seed, low, high, salt: int) -> tf.Tensor:
     return tf.random.stateless_uniform([], seed, minval=low, maxval=high, dtype=tf.int32)
 
 
+def index_shards(files: list[str]) -> RecordIndex:
+    """The usable records of `files` (enough encoder frames for their tokens), located by
+    byte offset, with their counts from the `*.lengths.json` side files."""
+
+    def counts(path):
+        index = lengths_index(path)
+        return np.asarray(index["frames"], np.int64), np.asarray(index["tokens"], np.int64)
+
+    return index_records(sorted(str(f) for f in files), counts, enough_frames)
+
+
+def prefetched_micro_batches() -> int:
+    """Micro-batches the pipeline holds at most: the one being assembled, the prefetched
+    ones (each at most `batch_seconds` of features), and the few utterances being read
+    and prepared ahead, counted as one more: its host memory bound."""
+    return 2 + _PREFETCH
+
+
+_PREFETCH = 2
+_PARALLEL = 4  # utterances parsed and augmented at once (a bounded read-ahead)
+
+
 def make_dataset(
     files: list[str],
     config: PipelineConfig,
@@ -166,61 +181,85 @@ def make_dataset(
     skip_batches: int = 0,
     num_mel_bins: int = 80,
     normalize=None,
+    index: RecordIndex | None = None,
 ) -> tf.data.Dataset:
-    """Micro-batches of `Batch`; training shuffles and augments as a function of (seed, epoch)."""
-    files = sorted(str(f) for f in files)
-    order_seed = seed * 100_003 + epoch
-    dataset = tf.data.Dataset.from_tensor_slices(files)
-    if training:
-        dataset = dataset.shuffle(len(files), seed=order_seed, reshuffle_each_iteration=False)
-    dataset = dataset.interleave(
-        tf.data.TFRecordDataset, cycle_length=4, num_parallel_calls=1, deterministic=True
-    )
-    # The transcript is for scoring (decoding), not training: dropped before shuffling.
-    dataset = dataset.map(lambda r: _without_text(parse_example(r, num_mel_bins)))
-    dataset = dataset.filter(lambda e: keep_example(e))
-    if training:
-        dataset = dataset.shuffle(
-            config.shuffle_buffer, seed=order_seed, reshuffle_each_iteration=False
-        )
+    """Micro-batches of `Batch` in `epoch_order` (training: shuffled and augmented as a
+    function of (seed, epoch); otherwise file order, as they are). Records are read by byte
+    offset, micro-batch by micro-batch, starting after `skip_batches`: nothing before it is
+    read. Pass `index` (from `index_shards`) to save re-scanning the shard headers."""
+    index = index if index is not None else index_shards(files)
+    plan = epoch_order(index.frames, boundaries, batch_sizes, seed=seed, epoch=epoch,
+                       shuffle=training)[skip_batches:]  # fmt: skip
+    key_seed = order_seed(seed, epoch)
     augment = config.spec_augment if training else None
     warp = config.freq_warp if training else 0.0
-    if augment is not None or warp > 0:
 
-        def apply(index, e):
-            key = tf.stack([tf.constant(order_seed, tf.int64), index])
-            features = e["features"]
-            if warp > 0:
-                draw = tf.random.experimental.stateless_fold_in(key, 7)
-                factor = tf.random.stateless_uniform([], draw, 1.0 - warp, 1.0 + warp)
-                features = frequency_warp(features, factor)
-            if normalize is not None:
-                features = normalize(features)
-            if augment is not None:
-                features = spec_augment(features, e["feature_lengths"], augment, key)
-            return {**e, "features": features}
+    def read():
+        with _RecordReader(index.files) as reader:
+            for number, batch in enumerate(plan):
+                for i in batch:
+                    yield reader.read(index.file[i], index.offset[i], index.size[i]), i, number
 
-        dataset = dataset.enumerate().map(apply, num_parallel_calls=tf.data.AUTOTUNE)
-    elif normalize is not None:
-        dataset = dataset.map(lambda e: {**e, "features": normalize(e["features"])})
-    dataset = dataset.bucket_by_sequence_length(
-        element_length_func=lambda e: e["feature_lengths"],
-        bucket_boundaries=boundaries,
-        bucket_batch_sizes=[*batch_sizes, 1],
-        padded_shapes={
-            "id": [],
-            "features": [None, num_mel_bins],
-            "feature_lengths": [],
-            "labels": [None],
-            "label_lengths": [],
-            "duration": [],
-        },
-        pad_to_bucket_boundary=False,
+    def prepare(record, position, number):
+        # The transcript is for scoring (decoding), not training.
+        e = _without_text(parse_example(record, num_mel_bins))
+        key = tf.stack([tf.constant(key_seed, tf.int64), position])
+        features = e["features"]
+        if warp > 0:
+            draw = tf.random.experimental.stateless_fold_in(key, 7)
+            factor = tf.random.stateless_uniform([], draw, 1.0 - warp, 1.0 + warp)
+            features = frequency_warp(features, factor)
+        if normalize is not None:
+            features = normalize(features)
+        if augment is not None:
+            features = spec_augment(features, e["feature_lengths"], augment, key)
+        return {**e, "features": features, "batch": number}
+
+    padded_shapes = {"id": [], "features": [None, num_mel_bins], "feature_lengths": [],
+                     "labels": [None], "label_lengths": [], "duration": [],
+                     "batch": []}  # fmt: skip
+    sizes = tf.constant([len(b) for b in plan] or [1], tf.int64)
+    dataset = tf.data.Dataset.from_generator(
+        read,
+        output_signature=(tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64),
+                          tf.TensorSpec([], tf.int64)),
+    )  # fmt: skip
+    dataset = dataset.map(prepare, num_parallel_calls=_PARALLEL, deterministic=True)
+    # A micro-batch's utterances arrive together and fill its window exactly: each window
+    # is emitted as soon as its last utterance is prepared.
+    dataset = dataset.group_by_window(
+        key_func=lambda e: e["batch"],
+        reduce_func=lambda number, window: window.padded_batch(
+            sizes[tf.cast(number, tf.int32)], padded_shapes=padded_shapes
+        ),
+        window_size_func=lambda number: sizes[tf.cast(number, tf.int32)],
     )
     dataset = dataset.map(lambda b: _pad_to_bucket(b, boundaries, config.label_pad_multiple))
-    if skip_batches:
-        dataset = dataset.skip(skip_batches)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    return dataset.prefetch(_PREFETCH)
+
+
+class _RecordReader:
+    """Reads records by byte offset, keeping the shards it touched open."""
+
+    def __init__(self, files: list[str]):
+        self.files, self.handles = files, {}
+
+    def read(self, file: int, offset: int, size: int) -> bytes:
+        handle = self.handles.get(file)
+        if handle is None:
+            handle = self.handles[file] = open(self.files[file], "rb")  # noqa: SIM115
+        handle.seek(int(offset))
+        data = handle.read(int(size))
+        if len(data) != size:
+            raise ValueError(f"{self.files[file]}: record at byte {offset} is truncated")
+        return data
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        for handle in self.handles.values():
+            handle.close()
 
 
 def _without_text(example: dict) -> dict:

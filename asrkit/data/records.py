@@ -233,13 +233,14 @@ def shard_counts(shard_dir: str | os.PathLike) -> tuple[list[str], np.ndarray, n
         raise FileNotFoundError(
             f"{shard_dir}: no *.tfrecord shards (run `asrkit features extract`)"
         )
-    counts = [_lengths_index(f) for f in files]
+    counts = [lengths_index(f) for f in files]
     frames = np.array([n for c in counts for n in c["frames"]], np.int64)
     tokens = np.array([n for c in counts for n in c["tokens"]], np.int64)
     return files, frames, tokens
 
 
-def _lengths_index(shard: str) -> dict:
+def lengths_index(shard: str) -> dict:
+    """A shard's side file: {"frames": [...], "tokens": [...]}, one entry per record."""
     path = Path(shard).with_suffix(".lengths.json")
     if not path.exists():
         raise FileNotFoundError(f"{path}: missing (re-run `asrkit features extract` for {shard})")

@@ -4,6 +4,7 @@ window boundary with a checkpoint."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -56,7 +57,7 @@ class TrainingProgress(keras.callbacks.Callback):
         if now - self.last_print > (0.5 if self.bar else 10):
             self.last_print = now
             self._report(done, updates, elapsed, audio_rate, logs)
-        state = TrainState(self.state.epoch, done, updates, self.state.best_wer)
+        state = dataclasses.replace(self.state, micro_batches=done, updates=updates)
         if self.stop.signal or (self.every and updates and updates % self.every == 0):
             # Callbacks run at window boundaries only: a checkpoint never holds half a window.
             network, optimizer = self.model.network, self.model.optimizer

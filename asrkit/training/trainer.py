@@ -41,17 +41,20 @@ from asrkit.checkpoints import (
     restore,
 )
 from asrkit.config import ExperimentConfig, dump_config
+from asrkit.data.order import DataPlanKey, RecordIndex, changed_keys, index_bytes, shards_digest
 from asrkit.data.pipeline import (
     PipelineConfig,
     bucket_index,
     bucket_plan,
-    enough_frames,
+    index_shards,
     make_dataset,
     pipeline_config,
+    prefetched_micro_batches,
 )
 from asrkit.data.records import check_shards, shard_counts
 from asrkit.decoding.runner import decode_shards
 from asrkit.decoding.search import DecodeOptions
+from asrkit.errors import UserError
 from asrkit.experiment import CONFIG_FILE, adopt_assets, resolve_assets
 from asrkit.features import normalizer_for
 from asrkit.models.transducer import Transducer
@@ -140,8 +143,16 @@ def process_settings(config: ExperimentConfig):
 
 
 def train(
-    config: ExperimentConfig, exp_dir: str | Path, init_from: str | None = None, log=print
+    config: ExperimentConfig,
+    exp_dir: str | Path,
+    init_from: str | None = None,
+    log=print,
+    new_epoch_order: bool = False,
 ) -> TrainResult:
+    """Trains (or resumes) the experiment in `exp_dir`. A resume whose data plan (shards,
+    buckets, micro-batch sizes, seed) differs from the checkpoint's is refused, naming what
+    changed, unless `new_epoch_order`: then the current epoch starts again in the new order
+    (weights, optimizer and update count kept)."""
     start = time.monotonic()
     with process_settings(config):
         strategy = resolve_strategy(config.train.strategy)
@@ -149,6 +160,7 @@ def train(
         data = _plan_data(run, strategy.num_replicas_in_sync)
         task = _build(run, data, strategy)
         state = _restore_or_init(task, run, init_from)
+        state = _check_data_plan(state, data, run.log, new_epoch_order)
         with _stop_on_signals(run.log) as stop:
             result = _run_epochs(task, run, data, state, stop)
         if not run.chief:
@@ -211,6 +223,25 @@ def _restore_or_init(task: TransducerTask, run: _Run, init_from: str | None) -> 
     return TrainState(epoch=0, micro_batches=0, updates=0)
 
 
+class DataPlanChanged(UserError, ValueError):
+    """A resume whose epoch order would not be the checkpoint's."""
+
+
+def _check_data_plan(state: TrainState, data: _TrainingData, log, new_order: bool) -> TrainState:
+    current = data.plan_key.as_dict()
+    if state.data_plan is None or state.data_plan == current:
+        return dataclasses.replace(state, data_plan=current)
+    changed = changed_keys(DataPlanKey.from_dict(state.data_plan), data.plan_key)
+    if not new_order:
+        raise DataPlanChanged(
+            f"the checkpoint's epoch {state.epoch + 1} was planned with other "
+            f"{'; '.join(changed)}: resuming would continue a different order. Restore "
+            "them, or pass --new-epoch-order to start this epoch again in the new order"
+        )
+    log(f"new epoch order ({'; '.join(changed)} changed): epoch {state.epoch + 1} starts again")
+    return dataclasses.replace(state, micro_batches=0, data_plan=current)
+
+
 def _run_epochs(task, run: _Run, data: _TrainingData, state: TrainState, stop) -> TrainResult:
     config = run.config
     manager = CheckpointManager(run.save_dir / "checkpoints", config.train.keep_checkpoints)
@@ -233,7 +264,8 @@ def _run_epochs(task, run: _Run, data: _TrainingData, state: TrainState, stop) -
             break
         epoch_losses += history.history.get("loss", [])[-1:]
         updates = int(task.optimizer.iterations.numpy())
-        state = TrainState(state.epoch + 1, 0, updates, state.best_wer)
+        state = dataclasses.replace(state, epoch=state.epoch + 1, micro_batches=0,
+                                    updates=updates)  # fmt: skip
         if config.data.dev_shards and run.chief:
             dev_wer = _dev_wer(task.network, config, run.tokenizer, data)
             best = dev_wer if state.best_wer is None else min(dev_wer, state.best_wer)
@@ -286,6 +318,8 @@ class _TrainingData(NamedTuple):
     micro_per_epoch: int
     audio_per_micro_batch: float  # seconds, the epoch's mean
     normalize: object
+    index: RecordIndex  # the usable records, by byte offset
+    plan_key: DataPlanKey
 
 
 def _plan_data(run: _Run, replicas: int) -> _TrainingData:
@@ -294,13 +328,15 @@ def _plan_data(run: _Run, replicas: int) -> _TrainingData:
     if config.data.dev_shards:
         check_shards(config.data.dev_shards, config, run.tokenizer)
     files, frames, tokens = shard_counts(config.data.train_shards)
-    dropped = int(np.sum(~enough_frames(frames, tokens)))
+    index = index_shards(files)
+    dropped = len(frames) - len(index.frames)
     if dropped:
         log(f"{dropped} utterance(s) have fewer encoder frames than tokens and are skipped")
+    frames, tokens = index.frames, index.tokens
     pipe = pipeline_config(config, replicas)
     plan = bucket_plan(frames, pipe)
     steps = accumulation_steps(config, replicas)
-    micro = _micro_batches(frames, plan)
+    micro = _micro_batches(frames, plan)  # every epoch's, whatever its order
     audio = float(frames.sum()) * pipe.frame_step_seconds
     log(
         f"asrkit {__version__}: {len(frames)} utterances ({audio / 3600:.2f} h), "
@@ -308,16 +344,26 @@ def _plan_data(run: _Run, replicas: int) -> _TrainingData:
         f"x {replicas} replica(s) per epoch; {steps} per update = effective batch "
         f"{steps * pipe.batch_seconds:.0f} s audio"
     )
-    normalize = normalizer_for(config.data.cmvn)
-    return _TrainingData(
-        files, frames, tokens, pipe, plan, steps, replicas, micro, audio / micro, normalize
+    bins = config.features.num_mel_bins
+    held = prefetched_micro_batches() * pipe.batch_seconds / pipe.frame_step_seconds * bins * 4
+    log(
+        f"input pipeline host memory: <= {(held + index_bytes(index)) / 2**20:.0f} MiB "
+        f"({prefetched_micro_batches()} micro-batches in flight + the record index; "
+        "no shuffle buffer)"
     )
+    normalize = normalizer_for(config.data.cmvn)
+    key = DataPlanKey(shards_digest(files), tuple(plan[0]), tuple(plan[1]), config.train.seed)
+    return _TrainingData(
+        files, frames, tokens, pipe, plan, steps, replicas, micro, audio / micro, normalize,
+        index, key,
+    )  # fmt: skip
 
 
 def _dataset(config: ExperimentConfig, data: _TrainingData, epoch: int, skip: int = 0):
     dataset = make_dataset(
         data.files, data.pipe, *data.plan, training=True, seed=config.train.seed, epoch=epoch,
         skip_batches=skip, num_mel_bins=config.features.num_mel_bins, normalize=data.normalize,
+        index=data.index,
     )  # fmt: skip
     # Every worker reads the same global micro-batches and takes its slice of each, so all
     # workers run the same number of steps (file sharding would not).

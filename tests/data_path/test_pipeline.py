@@ -2,6 +2,7 @@
 padding never leaks, SpecAugment stays inside each utterance, order is a function of the seed."""
 
 import collections
+import json
 
 import numpy as np
 import pytest
@@ -14,8 +15,8 @@ from asrkit.data.pipeline import (
     PipelineConfig,
     SpecAugmentConfig,
     bucket_plan,
-    count_filtered,
     frequency_warp,
+    index_shards,
     make_dataset,
     spec_augment,
 )
@@ -31,12 +32,16 @@ def _fake_shards(tmp_path, n=60, seed=0):
     lengths = rng.integers(40, 400, size=n)
     paths = [tmp_path / f"s{i}.tfrecord" for i in range(3)]
     writers = [tf.io.TFRecordWriter(str(p)) for p in paths]
+    counts = [{"frames": [], "tokens": []} for _ in paths]
     for i, length in enumerate(lengths):
         feats = rng.standard_normal((length, 80)).astype(np.float32) + 5.0  # never 0
         labels = [1 + (i % 7)] * int(rng.integers(1, 8))
         writers[i % 3].write(serialize_example(f"u{i:03d}", feats, labels, length / 100))
-    for w in writers:
+        counts[i % 3]["frames"].append(int(length))
+        counts[i % 3]["tokens"].append(len(labels))
+    for w, path, c in zip(writers, paths, counts, strict=True):
         w.close()
+        path.with_suffix(".lengths.json").write_text(json.dumps(c))
     return [str(p) for p in paths], lengths
 
 
@@ -118,8 +123,8 @@ def test_spec_augment_masks_only_inside_the_utterance():
 
 def test_augmented_batches_keep_lengths_and_zero_padding(tmp_path):
     files, lengths = _fake_shards(tmp_path)
-    plain = PipelineConfig(batch_seconds=8.0, num_buckets=4, spec_augment=None, shuffle_buffer=1)
-    augmented = PipelineConfig(batch_seconds=8.0, num_buckets=4, shuffle_buffer=1)
+    plain = PipelineConfig(batch_seconds=8.0, num_buckets=4, spec_augment=None)
+    augmented = PipelineConfig(batch_seconds=8.0, num_buckets=4)
     plan = bucket_plan(lengths, plain)
     a = _collect(make_dataset(files, plain, *plan, training=True, seed=2))
     b = _collect(make_dataset(files, augmented, *plan, training=True, seed=2))
@@ -153,9 +158,9 @@ def test_frequency_warp_is_linear_interpolation_of_the_mel_axis(factor):
 
 def test_frequency_warp_applies_before_normalising_in_training_only(tmp_path):
     files, lengths = _fake_shards(tmp_path)
-    base = PipelineConfig(batch_seconds=8.0, num_buckets=4, spec_augment=None, shuffle_buffer=1)
+    base = PipelineConfig(batch_seconds=8.0, num_buckets=4, spec_augment=None)
     warped = PipelineConfig(batch_seconds=8.0, num_buckets=4, spec_augment=None,
-                            shuffle_buffer=1, freq_warp=0.2)  # fmt: skip
+                            freq_warp=0.2)  # fmt: skip
     plan = bucket_plan(lengths, base)
     normalize = lambda x: (x - 5.0) * 2.0  # noqa: E731
     a = _collect(make_dataset(files, base, *plan, training=True, seed=2, normalize=normalize))
@@ -190,8 +195,10 @@ def test_too_few_frames_for_the_tokens_are_filtered_and_counted(tmp_path):
     with tf.io.TFRecordWriter(str(path)) as w:
         w.write(serialize_example("ok", np.ones((43, 80), np.float32), [1] * 10, 0.4))
         w.write(serialize_example("short", np.ones((43, 80), np.float32), [1] * 11, 0.4))
+    path.with_suffix(".lengths.json").write_text(json.dumps({"frames": [43, 43],
+                                                             "tokens": [10, 11]}))  # fmt: skip
     config = PipelineConfig(spec_augment=None)
-    assert count_filtered([str(path)], config) == 1
+    assert len(index_shards([str(path)]).frames) == 1
     batches = _collect(make_dataset([str(path)], config, [100], [10], training=False))
     assert sum(len(b[1]) for b in batches) == 1
 

@@ -2,6 +2,7 @@
 from a mid-epoch checkpoint — also after a real SIGKILL — ends with the same weights."""
 
 import io
+import json
 import os
 import shutil
 import signal
@@ -21,7 +22,7 @@ from asrkit.data.manifest import read_manifest
 from asrkit.data.records import write_shards
 from asrkit.data.synthetic import make_synthetic_corpus
 from asrkit.tokenizer import train_tokenizer
-from asrkit.training.trainer import train
+from asrkit.training.trainer import DataPlanChanged, train
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """
@@ -35,7 +36,6 @@ data:
   tokenizer: tokenizer
   batch_seconds: 6.0
   num_buckets: 2
-  shuffle_buffer: 64
 train:
   epochs: 3
   accumulation_steps: 2
@@ -167,6 +167,40 @@ def test_resume_from_a_mid_epoch_checkpoint_ends_identical(workdir, uninterrupte
     assert a.keys() == b.keys() and len(a) > 5
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_resuming_with_another_data_plan_is_refused_then_restarted_on_request(
+    workdir, uninterrupted
+):
+    """A mid-epoch checkpoint counts micro-batches of its epoch's order: other micro-batch
+    sizes (or shards, buckets, seed) would make that count point elsewhere."""
+    exp = workdir / "exp_plan"
+    shutil.copytree(workdir / "exp_a", exp)
+    checkpoints = CheckpointManager(exp / "checkpoints").checkpoints()
+    middle = next(c for c in checkpoints if json.loads((c / "state.json").read_text())[
+        "micro_batches"] > 0)  # fmt: skip
+    for later in checkpoints[checkpoints.index(middle) + 1 :]:
+        shutil.rmtree(later)
+    recorded = json.loads((middle / "state.json").read_text())
+    assert recorded["data_plan"]["seed"] == 0 and recorded["data_plan"]["batch_sizes"]
+    changed = load_config(workdir / "conf.yaml", ["data.batch_seconds=9", "train.seed=4"])
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        with pytest.raises(DataPlanChanged) as refused:
+            train(changed, exp, log=lambda *_: None)
+        lines = []
+        result = train(changed, exp, log=lines.append, new_epoch_order=True)
+    finally:
+        os.chdir(cwd)
+    message = str(refused.value)
+    assert "micro-batch sizes (data.batch_seconds" in message and "train.seed" in message
+    assert "--new-epoch-order" in message
+    assert any(f"epoch {recorded['epoch'] + 1} starts again" in line for line in lines)
+    # Weights, optimizer and update count carried on; the epoch ran whole in the new order.
+    assert result.state.epoch == 3 and result.state.updates > recorded["updates"]
+    final = json.loads((CheckpointManager(exp / "checkpoints").latest() / "state.json").read_text())
+    assert final["data_plan"]["seed"] == 4
 
 
 def _start_training(workdir, exp, **popen):
