@@ -267,12 +267,16 @@ def _run_epochs(task, run: _Run, data: _TrainingData, state: TrainState, stop) -
         state = dataclasses.replace(state, epoch=state.epoch + 1, micro_batches=0,
                                     updates=updates)  # fmt: skip
         if config.data.dev_shards and run.chief:
+            started = time.monotonic()
             dev_wer = _dev_wer(task.network, config, run.tokenizer, data)
+            decoding = time.monotonic() - started
             best = dev_wer if state.best_wer is None else min(dev_wer, state.best_wer)
             state = dataclasses.replace(state, best_wer=best)
             with writer.as_default():
                 tf.summary.scalar("dev/wer", dev_wer, step=updates)
-            run.log(f"epoch {state.epoch}: dev WER {dev_wer * 100:.2f} %")
+            run.log(
+                f"epoch {state.epoch}: dev WER {dev_wer * 100:.2f} % (greedy, {decoding:.1f} s)"
+            )
         last = manager.save(task.network, state, task.optimizer)
     return TrainResult(state, dev_wer, _parameters(task), 0.0, epoch_losses, stop.signal, last)
 

@@ -467,7 +467,8 @@ def test_jit_compile_under_mirrored_trains_like_without(workdir):
     assert results["true"].state.updates == results["false"].state.updates > 0
     (plain,) = CheckpointManager(workdir / "exp_jit_false" / "checkpoints").checkpoints()
     (jit,) = CheckpointManager(workdir / "exp_jit_true" / "checkpoints").checkpoints()
-    _assert_model_weights_close(_weights(jit), _weights(plain), rtol=1e-4, atol=1e-6)
+    # XLA fuses and reorders float32 arithmetic: a few ulps per update, over a dozen updates.
+    _assert_model_weights_close(_weights(jit), _weights(plain), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow
