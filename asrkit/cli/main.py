@@ -76,6 +76,8 @@ def quiet_tensorflow(verbose: bool) -> None:
     devices are first listed, oneDNN notices at the first boolean op), straight to file
     descriptor 2. So descriptor 2 is pointed at /dev/null for the whole process and Python's
     `sys.stderr` (our errors, warnings, tracebacks) writes to a duplicate of the original.
+    TensorFlow's Python logger keeps errors only (e.g. no deprecation notices from the
+    TensorBoard event reader `asrkit plot` uses).
     """
     if verbose or "tensorflow" in sys.modules:
         return
@@ -90,6 +92,7 @@ def quiet_tensorflow(verbose: bool) -> None:
     import tensorflow
 
     tensorflow.config.list_physical_devices()  # CUDA probing happens here, not at import
+    tensorflow.get_logger().setLevel("ERROR")  # its Python side: deprecation notices
 
 
 _USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,

@@ -94,6 +94,7 @@ def test_tensorflow_native_logging_stays_off_the_terminal_after_start_up(tmp_pat
         "import tensorflow as tf\n"
         "tf.config.list_physical_devices()\n"
         "print(bool(tf.reduce_any(tf.constant([True]) & tf.constant([False]))), file=sys.stderr)\n"
+        "tf.get_logger().warning('a deprecation notice')\n"
         "print('ours', file=sys.stderr)\n"
     )
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

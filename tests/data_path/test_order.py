@@ -19,33 +19,11 @@ from asrkit.data.order import (
     record_offsets,
 )
 from asrkit.data.pipeline import PipelineConfig, bucket_plan, index_shards, make_dataset
-from asrkit.data.records import serialize_example
-
-
-def _shards(tmp_path, n=90, seed=0):
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(40, 400, size=n)
-    paths = [tmp_path / f"s{i}.tfrecord" for i in range(3)]
-    counts = [{"frames": [], "tokens": []} for _ in paths]
-    with (
-        tf.io.TFRecordWriter(str(paths[0])) as w0,
-        tf.io.TFRecordWriter(str(paths[1])) as w1,
-        tf.io.TFRecordWriter(str(paths[2])) as w2,
-    ):
-        writers = [w0, w1, w2]
-        for i, length in enumerate(lengths):
-            feats = rng.standard_normal((length, 80)).astype(np.float32) + 5.0
-            labels = [1 + (i % 7)] * int(rng.integers(1, 8))
-            writers[i % 3].write(serialize_example(f"u{i:03d}", feats, labels, length / 100))
-            counts[i % 3]["frames"].append(int(length))
-            counts[i % 3]["tokens"].append(len(labels))
-    for path, c in zip(paths, counts, strict=True):
-        path.with_suffix(".lengths.json").write_text(json.dumps(c))
-    return [str(p) for p in paths], lengths
+from tests.data_path.fake_shards import fake_shards
 
 
 def test_record_offsets_find_what_tfrecorddataset_reads(tmp_path):
-    files, _ = _shards(tmp_path, n=12)
+    files, _ = fake_shards(tmp_path, n=12)
     for path in files:
         offsets, sizes = record_offsets(path)
         data = Path(path).read_bytes()
@@ -81,7 +59,7 @@ def test_an_epoch_is_every_utterance_once_bucketed_as_a_stream(seed, epoch):
 
 
 def test_resuming_reads_nothing_before_the_resume_point(tmp_path, monkeypatch):
-    files, lengths = _shards(tmp_path)
+    files, lengths = fake_shards(tmp_path, n=90)
     config = PipelineConfig(batch_seconds=6.0, num_buckets=4, freq_warp=0.1)
     plan = bucket_plan(lengths, config)
     whole = [tuple(t.numpy() for t in b) for b in
@@ -107,7 +85,7 @@ def test_resuming_reads_nothing_before_the_resume_point(tmp_path, monkeypatch):
 
 
 def test_the_pipeline_reads_only_a_few_micro_batches_ahead(tmp_path, monkeypatch):
-    files, lengths = _shards(tmp_path, n=400)
+    files, lengths = fake_shards(tmp_path, n=400)
     config = PipelineConfig(batch_seconds=20.0, num_buckets=3)  # 5 to 50 utterances each
     plan = bucket_plan(lengths, config)
     reads = []

@@ -24,25 +24,7 @@ from asrkit.data.records import parse_example, serialize_example, write_shards
 from asrkit.data.synthetic import make_synthetic_corpus
 from asrkit.features import log_mel
 from asrkit.tokenizer import train_tokenizer
-
-
-def _fake_shards(tmp_path, n=60, seed=0):
-    """Utterances of random length with labels that encode their id and length."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(40, 400, size=n)
-    paths = [tmp_path / f"s{i}.tfrecord" for i in range(3)]
-    writers = [tf.io.TFRecordWriter(str(p)) for p in paths]
-    counts = [{"frames": [], "tokens": []} for _ in paths]
-    for i, length in enumerate(lengths):
-        feats = rng.standard_normal((length, 80)).astype(np.float32) + 5.0  # never 0
-        labels = [1 + (i % 7)] * int(rng.integers(1, 8))
-        writers[i % 3].write(serialize_example(f"u{i:03d}", feats, labels, length / 100))
-        counts[i % 3]["frames"].append(int(length))
-        counts[i % 3]["tokens"].append(len(labels))
-    for w, path, c in zip(writers, paths, counts, strict=True):
-        w.close()
-        path.with_suffix(".lengths.json").write_text(json.dumps(c))
-    return [str(p) for p in paths], lengths
+from tests.data_path.fake_shards import fake_shards
 
 
 def _collect(dataset):
@@ -50,7 +32,7 @@ def _collect(dataset):
 
 
 def test_bucketing_keeps_every_utterance_once_within_budget(tmp_path):
-    files, lengths = _fake_shards(tmp_path)
+    files, lengths = fake_shards(tmp_path)
     config = PipelineConfig(batch_seconds=8.0, num_buckets=4, spec_augment=None)
     boundaries, sizes = bucket_plan(lengths, config)
     dataset = make_dataset(files, config, boundaries, sizes, training=False)
@@ -74,7 +56,7 @@ def test_bucketing_keeps_every_utterance_once_within_budget(tmp_path):
 
 
 def test_padding_efficiency_beats_padding_to_the_global_max(tmp_path):
-    files, lengths = _fake_shards(tmp_path, n=120)
+    files, lengths = fake_shards(tmp_path, n=120)
     config = PipelineConfig(batch_seconds=8.0, num_buckets=6, spec_augment=None)
     boundaries, sizes = bucket_plan(lengths, config)
     real = padded = 0
@@ -88,7 +70,7 @@ def test_padding_efficiency_beats_padding_to_the_global_max(tmp_path):
 
 
 def test_training_order_is_a_function_of_seed_and_epoch(tmp_path):
-    files, lengths = _fake_shards(tmp_path)
+    files, lengths = fake_shards(tmp_path)
     config = PipelineConfig(batch_seconds=8.0, num_buckets=4)
     plan = bucket_plan(lengths, config)
 
@@ -122,7 +104,7 @@ def test_spec_augment_masks_only_inside_the_utterance():
 
 
 def test_augmented_batches_keep_lengths_and_zero_padding(tmp_path):
-    files, lengths = _fake_shards(tmp_path)
+    files, lengths = fake_shards(tmp_path)
     plain = PipelineConfig(batch_seconds=8.0, num_buckets=4, spec_augment=None)
     augmented = PipelineConfig(batch_seconds=8.0, num_buckets=4)
     plan = bucket_plan(lengths, plain)
@@ -157,7 +139,7 @@ def test_frequency_warp_is_linear_interpolation_of_the_mel_axis(factor):
 
 
 def test_frequency_warp_applies_before_normalising_in_training_only(tmp_path):
-    files, lengths = _fake_shards(tmp_path)
+    files, lengths = fake_shards(tmp_path)
     base = PipelineConfig(batch_seconds=8.0, num_buckets=4, spec_augment=None)
     warped = PipelineConfig(batch_seconds=8.0, num_buckets=4, spec_augment=None,
                             freq_warp=0.2)  # fmt: skip
