@@ -234,9 +234,9 @@ def _check_data_plan(state: TrainState, data: _TrainingData, log, new_order: boo
     changed = changed_keys(DataPlanKey.from_dict(state.data_plan), data.plan_key)
     if not new_order:
         raise DataPlanChanged(
-            f"the checkpoint's epoch {state.epoch + 1} was planned with other "
-            f"{'; '.join(changed)}: resuming would continue a different order. Restore "
-            "them, or pass --new-epoch-order to start this epoch again in the new order"
+            f"epoch {state.epoch + 1} of this experiment was planned with other data settings "
+            f"(changed: {'; '.join(changed)}), so resuming would continue a different order. "
+            "Restore them, or pass --new-epoch-order to start this epoch again in the new order"
         )
     log(f"new epoch order ({'; '.join(changed)} changed): epoch {state.epoch + 1} starts again")
     return dataclasses.replace(state, micro_batches=0, data_plan=current)
