@@ -159,14 +159,15 @@ def index_shards(files: list[str]) -> RecordIndex:
 
 
 def prefetched_micro_batches() -> int:
-    """Micro-batches the pipeline holds at most: the one being assembled, the prefetched
-    ones (each at most `batch_seconds` of features), and the few utterances being read
-    and prepared ahead, counted as one more: its host memory bound."""
+    """Micro-batches the pipeline holds at most — the one being assembled and the prefetched
+    ones, each at most `batch_seconds` of features — plus one for the `PREPARED_AHEAD`
+    utterances read and prepared beyond them: its host memory bound."""
     return 2 + _PREFETCH
 
 
 _PREFETCH = 2
 _PARALLEL = 4  # utterances parsed and augmented at once (a bounded read-ahead)
+PREPARED_AHEAD = 2 * _PARALLEL + 1  # in the parallel map and its output, and the reader's
 
 
 def make_dataset(
