@@ -8,7 +8,8 @@ from asrkit.models.transducer import Transducer
 from tests.tiny import tiny_model_config
 
 
-@pytest.fixture(scope="package", params=["lstm", "stateless"])
+# The stateless predictor's variant of every decoding test runs in CI's slow stage.
+@pytest.fixture(scope="package", params=["lstm", pytest.param("stateless", marks=pytest.mark.slow)])
 def model(request):
     """The decoders carry the predictor's state without looking inside: both kinds."""
     return tiny_transducer(vocab_size=9, seed=4, predictor=request.param)
