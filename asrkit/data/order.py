@@ -40,6 +40,7 @@ class RecordIndex(NamedTuple):
     size: np.ndarray  # [N] int64, bytes of the record's data
     frames: np.ndarray  # [N] int64
     tokens: np.ndarray  # [N] int64
+    unusable: int  # records left out by `keep`
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def record_offsets(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 def index_records(files: list[str], frames_of, keep) -> RecordIndex:
     """Joins each shard's byte offsets with its side file's counts; `frames_of(file)` gives
     (frames, tokens) arrays, `keep(frames, tokens)` the usable records."""
-    parts = []
+    parts, unusable = [], 0
     for number, path in enumerate(files):
         offsets, sizes = record_offsets(path)
         frames, tokens = frames_of(path)
@@ -109,19 +110,27 @@ def index_records(files: list[str], frames_of, keep) -> RecordIndex:
         usable = np.asarray(keep(frames, tokens), bool)
         parts.append((np.full(usable.sum(), number, np.int32), offsets[usable], sizes[usable],
                       frames[usable], tokens[usable]))  # fmt: skip
-    stacked = [np.concatenate([p[i] for p in parts]) for i in range(5)] if parts else []
+        unusable += int((~usable).sum())
     if not parts:
         raise ValueError("no shard files")
-    return RecordIndex(list(files), *stacked)
+    stacked = [np.concatenate([p[i] for p in parts]) for i in range(5)]
+    return RecordIndex(list(files), *stacked, unusable)
 
 
 def index_bytes(index: RecordIndex) -> int:
-    return sum(a.nbytes for a in index[1:])
+    return sum(a.nbytes for a in (index.file, index.offset, index.size, index.frames,
+                                  index.tokens))  # fmt: skip
 
 
 def shards_digest(files: list[str]) -> str:
     listing = [(Path(f).name, Path(f).stat().st_size) for f in sorted(files)]
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:16]
+
+
+def bucket_index(frame_lengths, boundaries: list[int]) -> np.ndarray:
+    """The bucket of each length under `bucket_plan`'s boundaries (as tf.data buckets them:
+    bucket i holds [boundaries[i-1], boundaries[i]); len(boundaries) is the overflow)."""
+    return np.searchsorted(np.asarray(boundaries), np.asarray(frame_lengths), side="right")
 
 
 def order_seed(seed: int, epoch: int) -> int:
@@ -143,7 +152,7 @@ def epoch_order(
         permutation = np.random.default_rng(order_seed(seed, epoch)).permutation(len(frames))
     else:
         permutation = np.arange(len(frames))
-    buckets = np.searchsorted(np.asarray(boundaries), frames[permutation], side="right")
+    buckets = bucket_index(frames[permutation], boundaries)
     sizes = [*batch_sizes, 1]
     pending: list[list[int]] = [[] for _ in sizes]
     batches: list[np.ndarray] = []

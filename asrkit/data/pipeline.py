@@ -86,20 +86,10 @@ def bucket_plan(frame_lengths, config: PipelineConfig) -> tuple[list[int], list[
     return boundaries, sizes
 
 
-def bucket_index(frame_lengths, boundaries: list[int]) -> np.ndarray:
-    """The bucket of each length under `bucket_plan`'s boundaries (as tf.data buckets them:
-    bucket i holds [boundaries[i-1], boundaries[i]); len(boundaries) is the overflow)."""
-    return np.searchsorted(np.asarray(boundaries), np.asarray(frame_lengths), side="right")
-
-
 def enough_frames(frames, tokens):
     """At least as many encoder frames as tokens, and at least one; NumPy or TF."""
     encoded = encoder_frames(frames)
     return (encoded >= tokens) & (encoded >= 1)
-
-
-def keep_example(example: dict) -> tf.Tensor:
-    return enough_frames(example["feature_lengths"], example["label_lengths"])
 
 
 def spec_augment(

@@ -226,13 +226,19 @@ def shard_lengths(shard_dir: str | os.PathLike) -> tuple[list[str], np.ndarray]:
     return files, frames
 
 
-def shard_counts(shard_dir: str | os.PathLike) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """The shard files of a directory, every record's frame count and token count."""
+def shard_files(shard_dir: str | os.PathLike) -> list[str]:
+    """The shard files of a directory, sorted; none is an error saying what makes them."""
     files = sorted(str(p) for p in Path(shard_dir).glob("*.tfrecord"))
     if not files:
         raise FileNotFoundError(
             f"{shard_dir}: no *.tfrecord shards (run `asrkit features extract`)"
         )
+    return files
+
+
+def shard_counts(shard_dir: str | os.PathLike) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The shard files of a directory, every record's frame count and token count."""
+    files = shard_files(shard_dir)
     counts = [lengths_index(f) for f in files]
     frames = np.array([n for c in counts for n in c["frames"]], np.int64)
     tokens = np.array([n for c in counts for n in c["tokens"]], np.int64)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from asrkit.data.pipeline import bucket_index
+from asrkit.data.order import bucket_index
 from asrkit.errors import UserError
 from asrkit.features import encoder_frames
 

@@ -41,17 +41,23 @@ from asrkit.checkpoints import (
     restore,
 )
 from asrkit.config import ExperimentConfig, dump_config
-from asrkit.data.order import DataPlanKey, RecordIndex, changed_keys, index_bytes, shards_digest
+from asrkit.data.order import (
+    DataPlanKey,
+    RecordIndex,
+    bucket_index,
+    changed_keys,
+    index_bytes,
+    shards_digest,
+)
 from asrkit.data.pipeline import (
     PipelineConfig,
-    bucket_index,
     bucket_plan,
     index_shards,
     make_dataset,
     pipeline_config,
     prefetched_micro_batches,
 )
-from asrkit.data.records import check_shards, shard_counts
+from asrkit.data.records import check_shards, shard_files
 from asrkit.decoding.runner import decode_shards
 from asrkit.decoding.search import DecodeOptions
 from asrkit.errors import UserError
@@ -331,11 +337,10 @@ def _plan_data(run: _Run, replicas: int) -> _TrainingData:
     check_shards(config.data.train_shards, config, run.tokenizer)
     if config.data.dev_shards:
         check_shards(config.data.dev_shards, config, run.tokenizer)
-    files, frames, tokens = shard_counts(config.data.train_shards)
-    index = index_shards(files)
-    dropped = len(frames) - len(index.frames)
-    if dropped:
-        log(f"{dropped} utterance(s) have fewer encoder frames than tokens and are skipped")
+    files = shard_files(config.data.train_shards)
+    index = index_shards(files)  # reads each side file once, and the record headers
+    if index.unusable:
+        log(f"{index.unusable} utterance(s) have fewer encoder frames than tokens and are skipped")
     frames, tokens = index.frames, index.tokens
     pipe = pipeline_config(config, replicas)
     plan = bucket_plan(frames, pipe)

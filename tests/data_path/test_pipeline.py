@@ -180,7 +180,8 @@ def test_too_few_frames_for_the_tokens_are_filtered_and_counted(tmp_path):
     path.with_suffix(".lengths.json").write_text(json.dumps({"frames": [43, 43],
                                                              "tokens": [10, 11]}))  # fmt: skip
     config = PipelineConfig(spec_augment=None)
-    assert len(index_shards([str(path)]).frames) == 1
+    index = index_shards([str(path)])
+    assert len(index.frames) == 1 and index.unusable == 1
     batches = _collect(make_dataset([str(path)], config, [100], [10], training=False))
     assert sum(len(b[1]) for b in batches) == 1
 
