@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 from asrkit import __version__
 from asrkit.cli import (
@@ -56,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     command = " ".join(p for p in (args.command, getattr(args, "action", None)) if p)
+    formatwarning = warnings.formatwarning
+    if not args.debug:  # our warnings speak like our errors: one line, no source excerpt
+        warnings.formatwarning = lambda message, *_a, **_k: (
+            f"asrkit {command}: warning: {message}\n"
+        )
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -66,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"asrkit {command}: error: {_describe(err)}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = formatwarning
 
 
 def quiet_tensorflow(verbose: bool) -> None:

@@ -101,3 +101,17 @@ def test_tensorflow_native_logging_stays_off_the_terminal_after_start_up(tmp_pat
                          timeout=120, cwd=tmp_path)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert run.stderr.splitlines() == ["False", "ours"]
+
+
+def test_a_retired_key_is_one_warning_line_and_the_rest_goes_on(tmp_path):
+    run = subprocess.run(
+        [ASRKIT, "train", "--set", "data.shuffle_buffer=64", "--set", "train.epochs=0",
+         "--exp-dir", str(tmp_path / "e")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "asrkit train: warning: 'data.shuffle_buffer' is ignored: epochs are shuffled whole "
+        "from an index of the shards (0.3), there is no buffer to size",
+        "asrkit train: error: --set: train.epochs must be >= 1, got 0",
+    ]
