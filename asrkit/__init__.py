@@ -4,7 +4,7 @@ Dependency direction — each layer imports only the layers below it (checked by
 `tests/test_architecture.py` over the parsed imports):
 
     cli
-    training                 the task (loss + accumulation engine), train loop, verify
+    training                 the task (loss + accumulation engine), train loop, verify, plan
     export                   SavedModel of a loaded experiment
     decoding                 greedy / beam search, decoding test sets
     experiment               an experiment directory, loaded for inference
@@ -14,7 +14,7 @@ Dependency direction — each layer imports only the layers below it (checked by
     features                 log-mel, frame arithmetic, CMVN statistics
     audio, tokenizer, metrics
     config, progress
-    errors
+    errors, sizes
 
 Models never import data or training; nothing imports cli. Importing asrkit has no side
 effects: no environment variables, logging configuration or device probing happen here.

@@ -158,6 +158,9 @@ class DataConfig:
     # (vocal tract lengths) for free; 0 turns it off. Training only.
     freq_warp: float = 0.0
     label_pad_multiple: int = 8  # pad U to a multiple: fewer distinct shapes to compile
+    # A memory plan from `asrkit plan`: its measured micro-batch per bucket replaces
+    # batch_seconds (and effective_batch_seconds is reached with its mean micro-batch).
+    plan: str | None = None
 
     def __post_init__(self):
         _positive(self, "data", "batch_seconds")

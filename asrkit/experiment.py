@@ -3,6 +3,7 @@
     <exp>/config.yaml     the resolved config; `data.tokenizer` and `data.cmvn` point inside
     <exp>/tokenizer/      a copy of the tokenizer it was trained with
     <exp>/cmvn.json       a copy of the feature statistics (if any)
+    <exp>/plan.json       a copy of the memory plan it trains with (if any; `asrkit plan`)
     <exp>/checkpoints/    ckpt-<updates>/ (see `asrkit.checkpoints`)
 
 Everything decoding, export, averaging or fine-tuning needs lives inside, so an experiment
@@ -35,6 +36,7 @@ from asrkit.tokenizer import Tokenizer
 CONFIG_FILE = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
 CMVN_FILE = "cmvn.json"
+PLAN_FILE = "plan.json"
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")
 
 
@@ -43,9 +45,10 @@ class ExperimentError(UserError, ValueError):
 
 
 def adopt_assets(config: ExperimentConfig, exp_dir: str | os.PathLike) -> ExperimentConfig:
-    """Copies the tokenizer and CMVN statistics a training config names into `exp_dir` (on
-    the first run) or checks that they are still the ones it holds (on a resume); returns
-    the config as the experiment records it: assets inside, shard directories absolute."""
+    """Copies the tokenizer, CMVN statistics and memory plan a training config names into
+    `exp_dir` (on the first run) or checks that they are still the ones it holds (on a
+    resume); returns the config as the experiment records it: assets inside, shard
+    directories absolute."""
     exp_dir = Path(exp_dir)
     data = config.data
     _adopt_tokenizer(Path(data.tokenizer), exp_dir / TOKENIZER_DIR)
@@ -53,11 +56,15 @@ def adopt_assets(config: ExperimentConfig, exp_dir: str | os.PathLike) -> Experi
     if data.cmvn:
         _adopt_file(Path(data.cmvn), exp_dir / CMVN_FILE, "data.cmvn")
         cmvn = CMVN_FILE
+    plan = None
+    if data.plan:
+        _adopt_file(Path(data.plan), exp_dir / PLAN_FILE, "data.plan")
+        plan = PLAN_FILE
     shards = {
         key: str(Path(value).resolve()) if value else value
         for key, value in (("train_shards", data.train_shards), ("dev_shards", data.dev_shards))
     }
-    data = dataclasses.replace(data, tokenizer=TOKENIZER_DIR, cmvn=cmvn, **shards)
+    data = dataclasses.replace(data, tokenizer=TOKENIZER_DIR, cmvn=cmvn, plan=plan, **shards)
     return dataclasses.replace(config, data=data)
 
 
@@ -120,6 +127,7 @@ def resolve_assets(config: ExperimentConfig, exp_dir: str | os.PathLike) -> Expe
         data,
         tokenizer=str(exp_dir / data.tokenizer),
         cmvn=str(exp_dir / data.cmvn) if data.cmvn else None,
+        plan=str(exp_dir / data.plan) if data.plan else None,
     )
     return dataclasses.replace(config, data=resolved)
 

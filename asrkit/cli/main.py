@@ -20,6 +20,7 @@ from asrkit.cli import (
     decode,
     export,
     features,
+    plan,
     plot,
     prepare,
     tokenizer,
@@ -31,8 +32,8 @@ from asrkit.errors import UserError
 
 # Each subcommand module exposes `register(subparsers)`; its parser sets `func`.
 SUBCOMMANDS = (
-    corpus, prepare, tokenizer, features, train, verify, average, decode, export, transcribe,
-    plot,
+    corpus, prepare, tokenizer, features, plan, train, verify, average, decode, export,
+    transcribe, plot,
 )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ def register(subparsers) -> None:
     train.add_argument("--exp-dir", required=True, help="experiment directory")
     train.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override, e.g. --set train.epochs=5")  # fmt: skip
+    train.add_argument("--plan", help="memory plan from `asrkit plan` (sets data.plan)")
     train.add_argument("--init-from", help="checkpoint or experiment dir to fine-tune from")
     train.add_argument("--new-epoch-order", action="store_true",
                        help="resume although shards, buckets, micro-batch sizes or seed changed: "
@@ -22,7 +23,8 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.config import load_config
     from asrkit.training.trainer import train
 
-    config = load_config(args.config, args.overrides)
+    overrides = [*args.overrides, *([f"data.plan={args.plan}"] if args.plan else [])]
+    config = load_config(args.config, overrides)
     result = train(config, args.exp_dir, init_from=args.init_from,
                    new_epoch_order=args.new_epoch_order)  # fmt: skip
     if result.stopped_by:

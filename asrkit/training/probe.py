@@ -58,23 +58,34 @@ def largest_micro_batch(frames, tokens, plan, replicas: int = 1) -> ProbeShape:
     return best
 
 
-def probe_memory(model, strategy, shape: ProbeShape, num_mel_bins: int) -> None:
-    """Forward + backward on `shape` on every replica; raises `OutOfMemory` if it fails."""
-    batch = (
-        tf.zeros([shape.utterances, shape.frames, num_mel_bins]),
-        tf.fill([shape.utterances], shape.frames),
-        tf.ones([shape.utterances, shape.tokens], tf.int32),
-        tf.fill([shape.utterances], shape.tokens),
+def fabricated_batch(utterances: int, frames: int, tokens: int, num_mel_bins: int) -> tuple:
+    """A micro-batch of this shape, every utterance full length (memory depends on shapes)."""
+    return (
+        tf.zeros([utterances, frames, num_mel_bins]),
+        tf.fill([utterances], frames),
+        tf.ones([utterances, tokens], tf.int32),
+        tf.fill([utterances], tokens),
     )
-    saved = [v.numpy() for v in model.variables]
 
-    @tf.function
+
+def forward_backward(model, jit_compile: bool = False):
+    """A compiled forward + backward pass of the training loss (what a micro-step holds)."""
+
+    @tf.function(jit_compile=jit_compile)
     def step(batch):
         with tf.GradientTape() as tape:
             loss_sum, _ = model.compute_loss_terms(batch, training=True)
         grads = tape.gradient(loss_sum, model.trainable_variables)
         return tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads if g is not None])
 
+    return step
+
+
+def probe_memory(model, strategy, shape: ProbeShape, num_mel_bins: int) -> None:
+    """Forward + backward on `shape` on every replica; raises `OutOfMemory` if it fails."""
+    batch = fabricated_batch(shape.utterances, shape.frames, shape.tokens, num_mel_bins)
+    saved = [v.numpy() for v in model.variables]
+    step = forward_backward(model)
     try:
         strategy.run(step, args=(batch,))
     except tf.errors.ResourceExhaustedError:

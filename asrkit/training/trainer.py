@@ -41,6 +41,7 @@ from asrkit.checkpoints import (
     restore,
 )
 from asrkit.config import ExperimentConfig, dump_config
+from asrkit.data.batch_plan import mean_micro_batch_seconds, micro_batch_plan
 from asrkit.data.order import (
     DataPlanKey,
     RecordIndex,
@@ -51,7 +52,6 @@ from asrkit.data.order import (
 )
 from asrkit.data.pipeline import (
     PipelineConfig,
-    bucket_plan,
     index_shards,
     make_dataset,
     pipeline_config,
@@ -95,13 +95,18 @@ def resolve_strategy(name: str) -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy() if len(gpus) > 1 else tf.distribute.get_strategy()
 
 
-def accumulation_steps(config: ExperimentConfig, replicas: int = 1) -> int:
+def accumulation_steps(
+    config: ExperimentConfig, replicas: int = 1, micro_batch_seconds: float | None = None
+) -> int:
     """`train.accumulation_steps`, or the micro-batches that make `effective_batch_seconds`
-    when each of `replicas` devices holds `data.batch_seconds` of audio."""
+    when a micro-batch holds `micro_batch_seconds` of audio (padding included; default:
+    `data.batch_seconds` on each of `replicas` devices; with a memory plan: its epoch mean)."""
     t = config.train
     if t.effective_batch_seconds is None:
         return t.accumulation_steps
-    return max(1, math.ceil(t.effective_batch_seconds / (config.data.batch_seconds * replicas)))
+    if micro_batch_seconds is None:
+        micro_batch_seconds = config.data.batch_seconds * replicas
+    return max(1, math.ceil(t.effective_batch_seconds / micro_batch_seconds))
 
 
 def learning_rate_schedule(config: ExperimentConfig, total_updates: int):
@@ -343,15 +348,25 @@ def _plan_data(run: _Run, replicas: int) -> _TrainingData:
         log(f"{index.unusable} utterance(s) have fewer encoder frames than tokens and are skipped")
     frames, tokens = index.frames, index.tokens
     pipe = pipeline_config(config, replicas)
-    plan = bucket_plan(frames, pipe)
-    steps = accumulation_steps(config, replicas)
+    plan = micro_batch_plan(config, frames, tokens, replicas)
     micro = _micro_batches(frames, plan)  # every epoch's, whatever its order
     audio = float(frames.sum()) * pipe.frame_step_seconds
+    if config.data.plan:
+        seconds = mean_micro_batch_seconds(frames, plan, pipe.frame_step_seconds)
+        steps = accumulation_steps(config, replicas, seconds)
+        log(
+            f"memory plan {config.data.plan}: micro-batches of {plan[1]} utterance(s) for "
+            f"buckets up to {[round((b - 1) * pipe.frame_step_seconds, 1) for b in plan[0]]} s"
+        )
+        sizes = f"{seconds:.0f} s audio on average (memory plan)"
+    else:
+        seconds = pipe.batch_seconds
+        steps = accumulation_steps(config, replicas)
+        sizes = f"<= {config.data.batch_seconds:.0f} s audio x {replicas} replica(s)"
     log(
         f"asrkit {__version__}: {len(frames)} utterances ({audio / 3600:.2f} h), "
-        f"~{micro} micro-batches of <= {config.data.batch_seconds:.0f} s audio "
-        f"x {replicas} replica(s) per epoch; {steps} per update = effective batch "
-        f"{steps * pipe.batch_seconds:.0f} s audio"
+        f"~{micro} micro-batches of {sizes} per epoch; {steps} per update = effective batch "
+        f"{steps * seconds:.0f} s audio"
     )
     bins = config.features.num_mel_bins
     held = prefetched_micro_batches() * pipe.batch_seconds / pipe.frame_step_seconds * bins * 4

@@ -20,8 +20,9 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.config import ExperimentConfig
-from asrkit.data.pipeline import bucket_plan, make_dataset, pipeline_config
-from asrkit.data.records import shard_lengths
+from asrkit.data.batch_plan import micro_batch_plan
+from asrkit.data.pipeline import make_dataset, pipeline_config
+from asrkit.data.records import shard_counts
 from asrkit.errors import InputError
 from asrkit.features import normalizer_for
 from asrkit.tokenizer import Tokenizer
@@ -45,11 +46,15 @@ class VerifyReport:
 def verify_accumulation(
     config: ExperimentConfig, steps: int = 4, tolerance: float | None = None
 ) -> VerifyReport:
+    files, frames, tokens = shard_counts(config.data.train_shards)
+    plan = micro_batch_plan(config, frames, tokens)  # checked against the config as trained
     with process_settings(_deterministic(config)):
-        return _verify(_deterministic(config), steps, tolerance)
+        return _verify(_deterministic(config), files, plan, steps, tolerance)
 
 
-def _verify(config: ExperimentConfig, steps: int, tolerance: float | None) -> VerifyReport:
+def _verify(
+    config: ExperimentConfig, files: list[str], plan, steps: int, tolerance: float | None
+) -> VerifyReport:
     precision = config.train.precision
     if tolerance is None:
         # bfloat16 keeps 8 mantissa bits: merely permuting the rows of one mini-model batch
@@ -58,10 +63,9 @@ def _verify(config: ExperimentConfig, steps: int, tolerance: float | None) -> Ve
         # window).
         tolerance = {"float32": 1e-4, "mixed_float16": 2e-2}.get(precision, 0.25)
     tokenizer = Tokenizer.load(config.data.tokenizer)
-    files, lengths = shard_lengths(config.data.train_shards)
     pipe = dataclasses.replace(pipeline_config(config), spec_augment=None)
     dataset = make_dataset(
-        files, pipe, *bucket_plan(lengths, pipe), training=True, seed=config.train.seed,
+        files, pipe, *plan, training=True, seed=config.train.seed,
         num_mel_bins=config.features.num_mel_bins, normalize=normalizer_for(config.data.cmvn),
     )  # fmt: skip
     micro = [tuple(t.numpy() for t in batch) for batch in dataset.take(steps)]

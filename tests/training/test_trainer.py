@@ -17,10 +17,8 @@ import tensorflow as tf
 
 from asrkit.checkpoints import CheckpointManager
 from asrkit.config import load_config
-from asrkit.data.librispeech import prepare_librispeech
 from asrkit.data.manifest import read_manifest
 from asrkit.data.records import write_shards
-from asrkit.data.synthetic import make_synthetic_corpus
 from asrkit.tokenizer import train_tokenizer
 from asrkit.training.trainer import DataPlanChanged, train
 
@@ -47,18 +45,9 @@ train:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    work = tmp_path_factory.mktemp("train")
-    make_synthetic_corpus(work / "corpus", "tiny", seed=2, show_progress=False)
-    parts = ["train-clean-100", "dev-clean"]
-    prepare_librispeech(work / "corpus", parts, work / "data", show_progress=False)
-    texts = [u.text for u in read_manifest(work / "data" / "train-clean-100.jsonl")]
-    tok = train_tokenizer(texts * 3, work / "tokenizer", 28, "char")
-    for part, name in zip(parts, ["train", "dev"], strict=True):
-        write_shards(work / "data" / f"{part}.jsonl", tok, work / "shards" / name,
-                     num_shards=2, show_progress=False)  # fmt: skip
-    (work / "conf.yaml").write_text(CONFIG)
-    return work
+def workdir(workdir):
+    (workdir / "conf.yaml").write_text(CONFIG)
+    return workdir
 
 
 def _weights(checkpoint_dir: Path) -> dict:

@@ -1,0 +1,110 @@
+"""The LibriSpeech README's per-GPU micro-batch table, from `asrkit plan`'s memory model.
+
+LibriSpeech itself is not on this machine, so the buckets come from LibriSpeech-like
+lengths (the same gamma distribution as `tools/bench_pipeline_scale.py`: mean 12.3 s,
+1-35 s; `--tokens-per-second` labels, padded as training pads them). Each bucket's
+training step is *measured* (`MemoryMeter`: the real model, AdamW slots and accumulation
+buffers, forward + backward, TensorFlow's allocator peak) at 1, 2 and 4 utterances on the
+device given (CPU here), the per-bucket line is fitted exactly as `asrkit plan` fits it,
+and the line predicts the largest micro-batch for each card size with the plan's margin.
+
+    python tools/plan_table.py --config recipes/librispeech/conf/conformer_s.yaml \
+        --vocab 1024 --gpus 8 12 16 24 40 80
+
+Measured on a CPU, these are estimates for a GPU (other kernels, workspace, allocator
+rounding): `asrkit plan` on the card itself replaces them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+
+from asrkit.config import load_config
+from asrkit.data.batch_plan import MemoryPlan, PlannedBucket, memory_fingerprint
+from asrkit.sizes import format_bytes
+from asrkit.training.memory_meter import MemoryMeter
+from asrkit.training.memory_plan import (
+    DEFAULT_MARGIN,
+    fit_line,
+    predicted_micro_batch,
+    probe_buckets,
+    summarize,
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--gpus", type=float, nargs="+", default=[8, 12, 16, 24, 40, 80],
+                        help="card sizes in GB (decimal, as sold)")  # fmt: skip
+    parser.add_argument("--utterances", type=int, default=20000)
+    parser.add_argument("--tokens-per-second", type=float, default=4.0)
+    parser.add_argument("--buckets", type=int, default=6, help="buckets measured (fewer is faster)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+
+    config = load_config(args.config, [*args.overrides, f"data.num_buckets={args.buckets}"])
+    rng = np.random.default_rng(0)
+    seconds = np.clip(rng.gamma(12.0, 12.3 / 12.0, args.utterances), 1.0, 35.0)
+    frames = np.round(seconds * 100).astype(np.int64)
+    tokens = np.ceil(seconds * args.tokens_per_second).astype(np.int64)
+    probes = probe_buckets(config, frames, tokens)
+    started = time.monotonic()
+    buckets = []
+    with MemoryMeter(config, args.vocab) as meter:
+        print(f"baseline (weights, AdamW slots, accumulators): {format_bytes(meter.baseline)}")
+        for probe in probes:
+            points = {n: meter.peak(n, probe.boundary - 1, probe.tokens) for n in args.sizes}
+            fixed, slope = fit_line(points)
+            print(
+                f"bucket <= {(probe.boundary - 1) / 100:5.1f} s, {probe.tokens} tokens: "
+                + ", ".join(f"{n} utt {format_bytes(v)}" for n, v in points.items())
+                + f" -> {format_bytes(fixed)} + {format_bytes(slope)} per utterance",
+                flush=True,
+            )
+            buckets.append(
+                PlannedBucket(
+                    probe.boundary,
+                    probe.tokens,
+                    probe.utterances,
+                    1,
+                    int(points[1]),
+                    None,
+                    fixed,
+                    slope,
+                )
+            )
+    print(f"measured in {time.monotonic() - started:.0f} s\n")
+    target = config.train.effective_batch_seconds
+    header = [f"<= {(b.boundary - 1) / 100:.0f} s" for b in buckets]
+    print(f"| GPU | {' | '.join(header)} | mean micro-batch | micro-batches per {target:.0f} s |")
+    print("|---" * (len(header) + 3) + "|")
+    for gb in args.gpus:
+        budget = int(gb * 1e9)
+        sizes = [predicted_micro_batch(b, budget, DEFAULT_MARGIN) for b in buckets]
+        if min(sizes) == 0:
+            print(f"| {gb:g} GB | " + " | ".join(str(s) for s in sizes) + " | does not fit | |")
+            continue
+        plan = MemoryPlan(
+            "estimate", budget, DEFAULT_MARGIN,
+            tuple(PlannedBucket(**{**b.__dict__, "micro_batch": s})
+                  for b, s in zip(buckets, sizes, strict=True)),
+            memory_fingerprint(config), 0.01,
+        )  # fmt: skip
+        summary = summarize(plan, config, frames)
+        pairs = zip(buckets, sizes, strict=True)
+        cells = [f"{s} ({s * (b.boundary - 1) / 100:.0f} s)" for b, s in pairs]
+        steps = math.ceil(target / summary.micro_batch_seconds) if target else 1
+        print(
+            f"| {gb:g} GB | {' | '.join(cells)} | {summary.micro_batch_seconds:.0f} s | {steps} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
