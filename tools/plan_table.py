@@ -4,12 +4,12 @@ LibriSpeech itself is not on this machine, so the buckets come from LibriSpeech-
 lengths (the same gamma distribution as `tools/bench_pipeline_scale.py`: mean 12.3 s,
 1-35 s; `--tokens-per-second` labels, padded as training pads them). Each bucket's
 training step is *measured* (`MemoryMeter`: the real model, AdamW slots and accumulation
-buffers, forward + backward, TensorFlow's allocator peak) at 1, 2 and 4 utterances on the
+buffers, forward + backward, TensorFlow's allocator peak) at `--sizes` utterances on the
 device given (CPU here), the per-bucket line is fitted exactly as `asrkit plan` fits it,
 and the line predicts the largest micro-batch for each card size with the plan's margin.
 
     python tools/plan_table.py --config recipes/librispeech/conf/conformer_s.yaml \
-        --vocab 1024 --gpus 8 12 16 24 40 80
+        --vocab 1024 --buckets 4 --set train.precision=float32
 
 Measured on a CPU, these are estimates for a GPU (other kernels, workspace, allocator
 rounding): `asrkit plan` on the card itself replaces them.
@@ -45,7 +45,8 @@ def main() -> None:
     parser.add_argument("--utterances", type=int, default=20000)
     parser.add_argument("--tokens-per-second", type=float, default=4.0)
     parser.add_argument("--buckets", type=int, default=6, help="buckets measured (fewer is faster)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
+    # one utterance is the noisiest point (the executor's buffer reuse varies most there)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
 
@@ -68,18 +69,10 @@ def main() -> None:
                 + f" -> {format_bytes(fixed)} + {format_bytes(slope)} per utterance",
                 flush=True,
             )
-            buckets.append(
-                PlannedBucket(
-                    probe.boundary,
-                    probe.tokens,
-                    probe.utterances,
-                    1,
-                    int(points[1]),
-                    None,
-                    fixed,
-                    slope,
-                )
-            )
+            first = min(points)
+            bucket = PlannedBucket(probe.boundary, probe.tokens, probe.utterances, first,
+                                   int(points[first]), None, fixed, slope)  # fmt: skip
+            buckets.append(bucket)
     print(f"measured in {time.monotonic() - started:.0f} s\n")
     target = config.train.effective_batch_seconds
     header = [f"<= {(b.boundary - 1) / 100:.0f} s" for b in buckets]
@@ -88,6 +81,9 @@ def main() -> None:
     for gb in args.gpus:
         budget = int(gb * 1e9)
         sizes = [predicted_micro_batch(b, budget, DEFAULT_MARGIN) for b in buckets]
+        if target:  # as `asrkit plan`: never more than one update's audio
+            sizes = [min(s, int(target // ((b.boundary - 1) / 100))) for b, s in
+                     zip(buckets, sizes, strict=True)]  # fmt: skip
         if min(sizes) == 0:
             print(f"| {gb:g} GB | " + " | ".join(str(s) for s in sizes) + " | does not fit | |")
             continue

@@ -2,7 +2,7 @@
 # LibriSpeech: a Conformer transducer with the paper-sized effective batch on one small GPU.
 #
 # Usage: recipes/librispeech/train.sh --data DIR [--work DIR] [--stage N] [--stop-stage M]
-#          [--config FILE] [--micro-batch-seconds S] [--set key=value]...
+#          [--config FILE] [--micro-batch-seconds S | --memory SIZE] [--set key=value]...
 #          [--train-parts a,b,c] [--eval-parts a,b] [--dev-part NAME] [--vocab N]
 #          [--speeds 0.9,1.0,1.1] [--train-shards 64] [--average N]
 #   --data  a directory holding the parts, extracted (DIR/LibriSpeech/<part> or DIR/<part>)
@@ -12,7 +12,8 @@
 #   1  prepare JSONL manifests (every utterance validated; problems listed by id)
 #   2  SentencePiece unigram tokenizer on the training text (--vocab, 1024 by default)
 #   3  features: log-mel to TFRecord shards, training data speed-perturbed (--speeds) + CMVN
-#   4  train (conf/conformer_s.yaml by default; --micro-batch-seconds fits the GPU, the
+#   4  train (conf/conformer_s.yaml by default; --micro-batch-seconds fits the GPU, or
+#      --memory 12GiB first measures a per-bucket plan on the GPU (asrkit plan); the
 #      config's effective_batch_seconds fixes the update size: accumulation makes up the rest)
 #   5  average the last --average checkpoints; decode every --eval-parts part, greedy and
 #      beam 4, and score
@@ -25,6 +26,7 @@ data=""; work=exp/librispeech; stage=0; stop_stage=6; config="$here/conf/conform
 train_parts=train-clean-100,train-clean-360,train-other-500
 eval_parts=dev-clean,dev-other,test-clean,test-other
 dev_part=dev-clean; vocab=1024; speeds=0.9,1.0,1.1; average=10; train_shards=64; sets=()
+memory=""
 while (( $# )); do
   case "$1" in
     --data) data=$(cd "$2" && pwd); shift 2 ;;
@@ -33,6 +35,7 @@ while (( $# )); do
     --stop-stage) stop_stage=$2; shift 2 ;;
     --config) config=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
     --micro-batch-seconds) sets+=(--set "data.batch_seconds=$2"); shift 2 ;;
+    --memory) memory=$2; shift 2 ;;
     --set) sets+=(--set "$2"); shift 2 ;;
     --train-parts) train_parts=$2; shift 2 ;;
     --eval-parts) eval_parts=$2; shift 2 ;;
@@ -41,7 +44,7 @@ while (( $# )); do
     --speeds) speeds=$2; shift 2 ;;
     --train-shards) train_shards=$2; shift 2 ;;
     --average) average=$2; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -95,9 +98,15 @@ features() {
   "$asrkit" features cmvn --shards shards/train --out cmvn.json --config "$config" "${sets[@]}"
 }
 train() {
-  "$asrkit" train --config "$config" --exp-dir exp --set data.train_shards=shards/train \
-    --set "data.dev_shards=shards/$dev_part" --set data.tokenizer=tokenizer \
-    --set data.cmvn=cmvn.json "${sets[@]}"
+  local data_sets=(--set data.train_shards=shards/train --set "data.dev_shards=shards/$dev_part"
+                   --set data.tokenizer=tokenizer --set data.cmvn=cmvn.json)
+  local plan=()
+  if [[ -n $memory ]]; then
+    [[ -f exp/plan.json ]] || "$asrkit" plan --config "$config" --exp-dir exp --memory "$memory" \
+      "${data_sets[@]}" "${sets[@]}"
+    plan=(--plan exp/plan.json)
+  fi
+  "$asrkit" train --config "$config" --exp-dir exp "${data_sets[@]}" "${sets[@]}" "${plan[@]}"
 }
 decode() {
   "$asrkit" average --exp-dir exp --last "$average" --out exp/averaged
