@@ -49,23 +49,21 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from asrkit.config import load_config
     from asrkit.data.batch_plan import save_plan
-    from asrkit.data.pipeline import index_shards
-    from asrkit.data.records import shard_files
     from asrkit.experiment import PLAN_FILE
     from asrkit.sizes import format_bytes
-    from asrkit.training.memory_plan import plan_training, summarize
+    from asrkit.training.memory_plan import plan_training
 
     config = load_config(args.config, args.overrides)
-    plan = plan_training(config, args.memory, args.device, args.margin, not args.no_emulate)
+    plan, summary = plan_training(
+        config, args.memory, args.device, args.margin, not args.no_emulate
+    )
     path = save_plan(plan, Path(args.exp_dir) / PLAN_FILE)
-    frames = index_shards(shard_files(config.data.train_shards)).frames
-    summary = summarize(plan, config, frames)
     step = plan.frame_step_seconds
     print(f"\nplan for {plan.device}, {format_bytes(plan.usable_bytes)} usable "
           f"({format_bytes(plan.budget_bytes)} less {plan.margin:.0%}):")  # fmt: skip
     print("  bucket (s)  utterances  tokens  micro-batch  seconds   peak        +1 utterance")
     for b in plan.buckets:
-        over = {None: "bucket whole", -1: "out of memory"}.get(b.over_bytes)
+        over = {None: "at its limit", -1: "out of memory"}.get(b.over_bytes)
         print(
             f"  <= {(b.boundary - 1) * step:6.1f}  {b.utterances:10d}  {b.tokens:6d}  "
             f"{b.micro_batch:11d}  {b.micro_batch * (b.boundary - 1) * step:7.1f}   "

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from asrkit.config import ExperimentConfig
-from asrkit.data.order import bucket_index
+from asrkit.data.order import bucket_index, micro_batches_per_epoch
 from asrkit.data.pipeline import bucket_plan, pipeline_config
 from asrkit.errors import UserError
 
@@ -151,12 +151,10 @@ def check_plan(plan: MemoryPlan, config: ExperimentConfig, frames, tokens, where
 
 def mean_micro_batch_seconds(frames, plan: tuple[list[int], list[int]], step: float) -> float:
     """Audio per micro-batch over an epoch, padding included (as `data.batch_seconds`)."""
-    boundaries, sizes = plan
-    buckets = bucket_index(np.asarray(frames), boundaries)
-    counts = np.bincount(buckets, minlength=len(boundaries))[: len(boundaries)]
-    micro = sum(math.ceil(c / s) for c, s in zip(counts, sizes, strict=True))
-    padded = sum(int(c) * (b - 1) for c, b in zip(counts, boundaries, strict=True))
-    return padded * step / max(micro, 1)
+    boundaries = plan[0]
+    counts = np.bincount(bucket_index(np.asarray(frames), boundaries), minlength=len(boundaries))
+    padded = sum(int(c) * (b - 1) for c, b in zip(counts, boundaries, strict=False))
+    return padded * step / max(micro_batches_per_epoch(frames, plan), 1)
 
 
 def _differences(recorded: dict, current: dict, prefix: str = "") -> list[str]:

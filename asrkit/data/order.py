@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -131,6 +132,13 @@ def bucket_index(frame_lengths, boundaries: list[int]) -> np.ndarray:
     """The bucket of each length under `bucket_plan`'s boundaries (as tf.data buckets them:
     bucket i holds [boundaries[i-1], boundaries[i]); len(boundaries) is the overflow)."""
     return np.searchsorted(np.asarray(boundaries), np.asarray(frame_lengths), side="right")
+
+
+def micro_batches_per_epoch(frame_lengths, plan: tuple[list[int], list[int]]) -> int:
+    """How many micro-batches `epoch_order` forms from these lengths, whatever the order."""
+    boundaries, sizes = plan
+    counts = np.bincount(bucket_index(frame_lengths, boundaries), minlength=len(boundaries) + 1)
+    return int(sum(math.ceil(c / s) for c, s in zip(counts, [*sizes, 1], strict=True)))
 
 
 def order_seed(seed: int, epoch: int) -> int:

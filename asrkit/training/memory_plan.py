@@ -28,7 +28,7 @@ from asrkit.data.batch_plan import (
     mean_micro_batch_seconds,
     memory_fingerprint,
 )
-from asrkit.data.order import bucket_index
+from asrkit.data.order import bucket_index, micro_batches_per_epoch
 from asrkit.data.pipeline import bucket_plan, pipeline_config
 from asrkit.errors import UserError
 from asrkit.sizes import format_bytes
@@ -191,9 +191,7 @@ def summarize(plan: MemoryPlan, config: ExperimentConfig, frames, replicas: int 
     sizes = plan.sizes(replicas)
     seconds = mean_micro_batch_seconds(frames, sizes, plan.frame_step_seconds)
     steps = accumulation_steps(config, replicas, seconds)
-    boundaries, per_bucket = sizes
-    counts = np.bincount(bucket_index(np.asarray(frames), boundaries), minlength=len(boundaries))
-    micro = int(sum(math.ceil(c / s) for c, s in zip(counts, per_bucket, strict=False)))
+    micro = micro_batches_per_epoch(frames, sizes)
     return PlanSummary(seconds, steps, steps * seconds, micro, math.ceil(micro / steps))
 
 
@@ -229,11 +227,12 @@ def plan_training(
     margin: float = DEFAULT_MARGIN,
     emulate: bool = True,
     log=print,
-) -> MemoryPlan:
-    """`asrkit plan` as a call: the config's training shards and model, measured on
-    `device` (default: the first GPU, else the CPU) against `budget` bytes (default: the
-    device's memory). On a GPU the measuring process gets a logical device of exactly
-    `budget` (unless `emulate` is false), so one large card plans for a smaller one."""
+) -> tuple[MemoryPlan, PlanSummary]:
+    """`asrkit plan` as a call, returning the plan and what it means for an epoch on one
+    device: the config's training shards and model, measured on `device` (default: the
+    first GPU, else the CPU) against `budget` bytes (default: the device's memory). On a GPU
+    the measuring process gets a logical device of exactly `budget` (unless `emulate` is
+    false), so one large card plans for a smaller one."""
     import tensorflow as tf
 
     from asrkit.data.pipeline import index_shards
@@ -260,4 +259,5 @@ def plan_training(
     log(f"measuring on {device}, budget {format_bytes(budget)}, margin {margin:.0%}")
     with MemoryMeter(config, tokenizer.vocab_size, device, limit) as meter:
         log(f"  model, optimizer state and accumulation buffers: {format_bytes(meter.baseline)}")
-        return plan_memory(config, index.frames, index.tokens, meter, budget, margin, log)
+        plan = plan_memory(config, index.frames, index.tokens, meter, budget, margin, log)
+    return plan, summarize(plan, config, index.frames)

@@ -45,9 +45,9 @@ from asrkit.data.batch_plan import mean_micro_batch_seconds, micro_batch_plan
 from asrkit.data.order import (
     DataPlanKey,
     RecordIndex,
-    bucket_index,
     changed_keys,
     index_bytes,
+    micro_batches_per_epoch,
     shards_digest,
 )
 from asrkit.data.pipeline import (
@@ -349,11 +349,10 @@ def _plan_data(run: _Run, replicas: int) -> _TrainingData:
     frames, tokens = index.frames, index.tokens
     pipe = pipeline_config(config, replicas)
     plan = micro_batch_plan(config, frames, tokens, replicas)
-    micro = _micro_batches(frames, plan)  # every epoch's, whatever its order
+    micro = micro_batches_per_epoch(frames, plan)
     audio = float(frames.sum()) * pipe.frame_step_seconds
     if config.data.plan:
         seconds = mean_micro_batch_seconds(frames, plan, pipe.frame_step_seconds)
-        steps = accumulation_steps(config, replicas, seconds)
         log(
             f"memory plan {config.data.plan}: micro-batches of {plan[1]} utterance(s) for "
             f"buckets up to {[round((b - 1) * pipe.frame_step_seconds, 1) for b in plan[0]]} s"
@@ -361,8 +360,8 @@ def _plan_data(run: _Run, replicas: int) -> _TrainingData:
         sizes = f"{seconds:.0f} s audio on average (memory plan)"
     else:
         seconds = pipe.batch_seconds
-        steps = accumulation_steps(config, replicas)
         sizes = f"<= {config.data.batch_seconds:.0f} s audio x {replicas} replica(s)"
+    steps = accumulation_steps(config, replicas, seconds)
     log(
         f"asrkit {__version__}: {len(frames)} utterances ({audio / 3600:.2f} h), "
         f"~{micro} micro-batches of {sizes} per epoch; {steps} per update = effective batch "
@@ -419,13 +418,6 @@ def _worker_role(strategy) -> tuple[bool, int]:
 
 def _silent(*_args) -> None:
     pass
-
-
-def _micro_batches(lengths: np.ndarray, plan) -> int:
-    boundaries, sizes = plan
-    buckets = bucket_index(lengths, boundaries)
-    counts = np.bincount(buckets, minlength=len(boundaries) + 1)
-    return int(sum(math.ceil(c / s) for c, s in zip(counts, [*sizes, 1], strict=True)))
 
 
 def _init_from(network: Transducer, path: str, log) -> None:
