@@ -1,9 +1,16 @@
-"""SavedModel export: a waveform in, its transcript out, everything inside one graph.
+"""SavedModel export: waveforms in, transcripts with timed words out, all in one graph.
 
-The serving signature takes a mono float32 waveform at the model's sample rate (16 kHz by
-default), any length, and returns {"text": string, "tokens": int32 [N], "score": float32}.
-Features (log-mel + the training set's mean/variance), the encoder, the search (greedy by
-default, or beam search) and detokenisation are all TensorFlow ops, so
+Two signatures, the same graph:
+* `serving_default`: one mono float32 waveform at the model's sample rate (16 kHz by
+  default), any length.
+* `serve_batch`: padded waveforms [N, S] and their lengths [N] (samples).
+Both return, per utterance, "text", "tokens" (int32, -1 past "token_counts"),
+"token_times" (seconds, from the emitting encoder frame), "score" (log-probability),
+the words ("words", "word_starts", "word_ends", "word_confidence", "word_counts"; see
+`asrkit.decoding.words` for the definitions) and the n-best list ("nbest_texts",
+"nbest_scores", "nbest_counts": the beam, best first; one entry for greedy search).
+`serving_default` returns them without the batch axis. Features (log-mel + the training
+set's mean/variance), the encoder, the search and detokenisation are all TensorFlow ops, so
 `tf.saved_model.load(dir)` serves it with TensorFlow alone — asrkit need not be installed.
 """
 
@@ -16,9 +23,28 @@ import keras
 import tensorflow as tf
 
 from asrkit import __version__
+from asrkit.decoding.beam import live_slots
 from asrkit.decoding.search import DecodeOptions, describe, search
+from asrkit.decoding.words import FrameClock, detokenize, timed_words
 from asrkit.experiment import load_experiment
-from asrkit.features import MIN_FEATURE_FRAMES, log_mel
+from asrkit.features import MIN_FEATURE_FRAMES, log_mel, num_frames
+
+OUTPUTS = {
+    "text": "string",
+    "tokens": "int32 [M] (-1 past token_counts)",
+    "token_counts": "int32",
+    "token_times": "float32 [M], seconds",
+    "score": "float32, log-probability of the best hypothesis",
+    "words": "string [W] ('' past word_counts)",
+    "word_starts": "float32 [W], seconds",
+    "word_ends": "float32 [W], seconds",
+    "word_confidence": "float32 [W], the lowest posterior of the word's tokens",
+    "word_counts": "int32",
+    "token_words": "int32 [M], the word each token belongs to (-1: none)",
+    "nbest_texts": "string [K], best first ('' past nbest_counts)",
+    "nbest_scores": "float32 [K], log-probabilities",
+    "nbest_counts": "int32",
+}
 
 
 def export_model(
@@ -39,17 +65,37 @@ def export_model(
     pieces = tf.constant(tokenizer.surface_pieces())
     mean = tf.constant(normalizer.mean if normalizer else 0.0, tf.float32)
     std = tf.constant(normalizer.std if normalizer else 1.0, tf.float32)
+    clock = FrameClock.of(features)
+
+    def transcribe_batch(waveforms, lengths):
+        lengths = tf.cast(lengths, tf.int32)
+        feats = (log_mel(waveforms, features) - mean) / std  # [N, T, F]
+        frames = num_frames(lengths, features)
+        short = tf.maximum(MIN_FEATURE_FRAMES - tf.shape(feats)[1], 0)
+        feats = tf.pad(feats, [[0, 0], [0, short], [0, 0]])
+        mask = tf.range(tf.shape(feats)[1])[None, :] < frames[:, None]
+        feats = tf.where(mask[:, :, None], feats, 0.0)  # as decoding pads a batch
+        encoded, encoded_lengths = model.encode(feats, frames, training=False)
+        found = search(model, encoded, encoded_lengths, options)
+        best = [x[:, 0] for x in found]
+        tokens, token_frames, log_probs, counts, scores = best
+        alive = live_slots(found.scores)
+        return {
+            "text": detokenize(tokens, counts, pieces),
+            "tokens": tokens,
+            "token_counts": counts,
+            "token_times": tf.where(tokens >= 0, clock.seconds(token_frames), 0.0),
+            "score": scores,
+            **timed_words(tokens, token_frames, log_probs, counts, pieces, clock),
+            "nbest_texts": tf.where(alive, detokenize(found.tokens, found.counts, pieces), ""),
+            "nbest_scores": tf.where(alive, found.scores, 0.0),
+            "nbest_counts": tf.reduce_sum(tf.cast(alive, tf.int32), axis=1),
+        }
 
     def transcribe(waveform):
-        feats = (log_mel(waveform, features) - mean) / std  # [T, F]
-        length = tf.shape(feats)[0]
-        feats = tf.pad(feats, [[0, tf.maximum(MIN_FEATURE_FRAMES - length, 0)], [0, 0]])
-        encoded, lengths = model.encode(feats[None], length[None], training=False)
-        tokens, _, counts, scores = search(model, encoded, lengths, options)
-        ids = tokens[0, : counts[0]]
-        text = tf.strings.reduce_join(tf.gather(pieces, ids))
-        text = tf.strings.strip(tf.strings.regex_replace(text, " +", " "))
-        return {"text": tf.strings.upper(text), "tokens": ids, "score": scores[0]}
+        length = tf.shape(waveform)[0]
+        result = transcribe_batch(waveform[None], length[None])
+        return {key: value[0] for key, value in result.items()}
 
     out = Path(out)
     archive = keras.export.ExportArchive()
@@ -57,13 +103,26 @@ def export_model(
     archive.add_endpoint(
         "serve", transcribe, input_signature=[tf.TensorSpec([None], tf.float32, name="waveform")]
     )
+    archive.add_endpoint(
+        "serve_batch",
+        transcribe_batch,
+        input_signature=[
+            tf.TensorSpec([None, None], tf.float32, name="waveforms"),
+            tf.TensorSpec([None], tf.int32, name="lengths"),
+        ],
+    )
     archive.write_out(str(out), verbose=False)
     info = {
         "asrkit_version": __version__,
         "sample_rate": features.sample_rate,
-        "input": "mono float32 waveform in [-1, 1], any length",
-        "outputs": {"text": "string", "tokens": "int32 [N]", "score": "float32"},
+        "signatures": {
+            "serving_default": "waveform: mono float32 [S] in [-1, 1], any length",
+            "serve_batch": "waveforms: float32 [N, S] zero-padded; lengths: int32 [N] samples",
+        },
+        "outputs": OUTPUTS,
         "decoding": describe(options),
+        "frame_period": clock.period,  # token_times = frame_offset + frame * frame_period
+        "frame_offset": clock.offset,
         "vocab_size": tokenizer.vocab_size,
         "experiment": str(Path(exp_dir).resolve()),
     }

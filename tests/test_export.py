@@ -15,7 +15,8 @@ from asrkit.checkpoints import CheckpointManager, TrainState
 from asrkit.config import DataConfig, ExperimentConfig, dump_config
 from asrkit.data.librispeech import prepare_librispeech
 from asrkit.data.manifest import read_manifest
-from asrkit.decoding.runner import decode_manifest, transcribe_files
+from asrkit.decoding.runner import decode_manifest
+from asrkit.decoding.transcribe import NetworkRecogniser, transcribe_files
 from asrkit.experiment import adopt_assets, build_network, load_experiment
 from asrkit.export import export_model
 from asrkit.features import GlobalNormalizer, log_mel
@@ -35,16 +36,29 @@ class NoAsrkit(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, NoAsrkit())
 import soundfile, tensorflow as tf
 
-serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-out = {}
+loaded = tf.saved_model.load(sys.argv[1])
+serve, serve_batch = loaded.signatures["serving_default"], loaded.signatures["serve_batch"]
+
+def plain(value):
+    value = value.numpy()
+    if isinstance(value, bytes):
+        return value.decode()
+    if value.dtype == object:
+        return json.loads(json.dumps(value.tolist(), default=bytes.decode))
+    return value.tolist()
+
+audio = []
 for path in sys.argv[2:]:
     samples, rate = soundfile.read(path, dtype="float32")
     assert rate == 16000, rate
-    result = serve(waveform=tf.constant(samples))
-    text, tokens = result["text"].numpy().decode(), result["tokens"].numpy().tolist()
-    out[path] = {"text": text, "tokens": tokens}
+    audio.append(samples)
+single = [{k: plain(v) for k, v in serve(waveform=tf.constant(a)).items()} for a in audio]
+lengths = [len(a) for a in audio]
+padded = [list(a) + [0.0] * (max(lengths) - len(a)) for a in audio]
+batch = serve_batch(waveforms=tf.constant(padded), lengths=tf.constant(lengths))
+batch = {k: plain(v) for k, v in batch.items()}
 assert not any(m.split(".")[0] == "asrkit" for m in sys.modules)
-print(json.dumps(out))
+print(json.dumps({"single": single, "batch": batch}))
 """
 
 
@@ -75,6 +89,8 @@ def experiment(tmp_path_factory):
 
 
 def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp_path):
+    """Both signatures, in a process that cannot import asrkit: the batched one equals N
+    single calls, and both equal `asrkit decode` and the training-side timed words."""
     work, exp, utts = experiment
     out = export_model(exp, tmp_path / "saved")
     assert json.loads((out / "asrkit_export.json").read_text())["sample_rate"] == 16000
@@ -85,17 +101,38 @@ def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp
     )  # fmt: skip
     assert served.returncode == 0, served.stderr[-3000:]
     exported = json.loads(served.stdout.strip().splitlines()[-1])
+    single, batch = exported["single"], exported["batch"]
 
     loaded = load_experiment(exp)
     model, config, tokenizer = loaded.network, loaded.config, loaded.tokenizer
     report = decode_manifest(model, work / "data" / "test-real.jsonl", tokenizer, config)
     decoded = {u.id: u.hypothesis for u in report.utterances}
-    transcribed = _by_path(transcribe_files(model, paths, tokenizer, config))
-    assert sum(len(v["tokens"]) for v in exported.values()) > 50
-    for utt in utts:
-        assert exported[utt.audio_path]["text"] == decoded[utt.id]
-        assert exported[utt.audio_path]["tokens"] == transcribed[utt.audio_path].tokens
-        assert exported[utt.audio_path]["text"] == transcribed[utt.audio_path].text
+    transcribed = transcribe_files(NetworkRecogniser(model, tokenizer, config), paths)
+    assert sum(len(one["words"]) for one in single) > 20
+    for row, (utt, one, here) in enumerate(zip(utts, single, transcribed, strict=True)):
+        n, w = one["token_counts"], one["word_counts"]
+        assert one["text"] == decoded[utt.id] == here.text
+        assert one["tokens"][:n] == here.hypothesis.tokens and len(one["tokens"]) == n
+        assert one["words"] == [word.text for word in here.words]
+        assert " ".join(one["words"]) == one["text"]
+        for key, attribute in [("word_starts", "start"), ("word_ends", "end"),
+                               ("word_confidence", "confidence")]:  # fmt: skip
+            expected = [getattr(word, attribute) for word in here.words]
+            assert one[key] == pytest.approx(expected, abs=1e-5)
+        assert one["token_times"] == pytest.approx(
+            [0.0425 + 0.04 * f for f in here.hypothesis.frames], abs=1e-5
+        )
+        assert one["nbest_texts"] == [one["text"]] and one["nbest_counts"] == 1  # greedy
+        # The batched signature: the same per row, padding past each row's count.
+        assert batch["text"][row] == one["text"] and batch["score"][row] == pytest.approx(
+            one["score"], rel=1e-4
+        )
+        assert batch["token_counts"][row] == n and batch["tokens"][row][:n] == one["tokens"]
+        assert set(batch["tokens"][row][n:]) <= {-1}
+        assert batch["words"][row][:w] == one["words"] and set(batch["words"][row][w:]) <= {""}
+        for key in ("token_times", "word_starts", "word_ends", "word_confidence"):
+            width = n if key == "token_times" else w
+            assert batch[key][row][:width] == pytest.approx(one[key], abs=1e-5)
 
 
 def test_transcribe_cli_with_an_export_and_an_experiment(experiment, tmp_path):
@@ -126,14 +163,28 @@ def test_exported_beam_search_matches_beam_decoding(experiment, tmp_path):
     loaded = load_experiment(exp)
     model, config, tokenizer = loaded.network, loaded.config, loaded.tokenizer
     paths = [u.audio_path for u in utts[:3]]
-    expected = _by_path(transcribe_files(model, paths, tokenizer, config, options))
-    greedy = _by_path(transcribe_files(model, paths, tokenizer, config))
+    found = transcribe_files(NetworkRecogniser(model, tokenizer, config, options), paths)
+    expected = _by_path(found)
+    expected_nbest = {t.path: t.nbest for t in found}
+    greedy = _by_path(transcribe_files(NetworkRecogniser(model, tokenizer, config), paths))
     assert any(expected[p].tokens != greedy[p].tokens for p in paths)  # beam is not greedy here
     for path in paths:
         result = serve(waveform=tf.constant(read_audio(path)))
         assert result["tokens"].numpy().tolist() == expected[path].tokens
         assert result["text"].numpy().decode() == expected[path].text
         assert float(result["score"]) == pytest.approx(expected[path].score, rel=1e-4)
+        nbest = expected_nbest[path]
+        assert int(result["nbest_counts"]) == len(nbest) > 1
+        texts = [t.decode() for t in result["nbest_texts"].numpy()]
+        # The same hypotheses and scores (their order may differ where scores tie to 1e-4).
+        scores = result["nbest_scores"].numpy()[: len(nbest)]
+        exported = dict(zip(texts[: len(nbest)], scores.tolist(), strict=True))
+        assert sorted(exported) == sorted(h.text for h in nbest)
+        for h in nbest:
+            assert exported[h.text] == pytest.approx(h.score, rel=1e-5)
+        assert sorted(result["nbest_scores"].numpy()[: len(nbest)], reverse=True) == list(
+            result["nbest_scores"].numpy()[: len(nbest)]
+        )
 
 
 def _by_path(transcripts):

@@ -1,10 +1,15 @@
-"""`asrkit transcribe FILE...`: text from audio files, with an experiment or a SavedModel."""
+"""`asrkit transcribe FILE...`: text, timed words or subtitles from audio files, with an
+experiment or a SavedModel; long files are decoded in overlapping windows."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from asrkit.cli.options import add_search_arguments, add_weights_arguments, search_options
+from asrkit.errors import InputError
+
+EXTENSIONS = {"text": ".txt", "json": ".jsonl", "srt": ".srt"}
 
 
 def register(subparsers) -> None:
@@ -17,39 +22,74 @@ def register(subparsers) -> None:
         transcribe, help="with --exp-dir (an exported model runs the search built into it)"
     )
     add_weights_arguments(transcribe, checkpoint=False)
+    transcribe.add_argument(
+        "--format", choices=("text", "json", "srt"), default="text",
+        help="text: FILE<TAB>TEXT lines; json: one JSON object per file (text, words with "
+             "start/end seconds and confidence); srt: subtitles (one file, or --out-dir)",
+    )  # fmt: skip
+    transcribe.add_argument("--nbest", type=int, default=0, metavar="N",
+                            help="json: also the N best hypotheses (beam search)")  # fmt: skip
+    transcribe.add_argument("--out-dir", help="write FILE's result to OUT_DIR/<name>.<format>")
+    transcribe.add_argument(
+        "--max-seconds", type=float, default=30.0,
+        help="longer files are cut at quiet points into windows of at most this (30)",
+    )  # fmt: skip
+    transcribe.add_argument("--context-seconds", type=float, default=1.0,
+                            help="audio each window also hears on each side (1.0)")  # fmt: skip
     transcribe.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    lines = _with_model(args) if args.model else _with_experiment(args)
-    for path, text in lines:
-        print(f"{path}\t{text}")
+    from asrkit.decoding import formats
+    from asrkit.decoding.long_audio import Windowing
+    from asrkit.decoding.transcribe import transcribe_files
+
+    if args.nbest < 0:
+        raise InputError(f"--nbest must be >= 0, got {args.nbest}")
+    if args.format == "srt" and len(args.files) > 1 and not args.out_dir:
+        raise InputError("--format srt with several files needs --out-dir (one .srt each)")
+    missing = [f for f in args.files if not Path(f).is_file()]
+    if missing:
+        raise InputError(f"no such audio file: {missing[0]}")
+    try:
+        windowing = Windowing(
+            max_seconds=args.max_seconds,
+            context_seconds=args.context_seconds,
+            search_seconds=min(5.0, args.max_seconds / 2),
+        )
+    except ValueError as error:
+        raise InputError(f"--max-seconds/--context-seconds: {error}") from None
+    recognise = _model_recogniser(args) if args.model else _experiment_recogniser(args)
+    found = transcribe_files(recognise, args.files, windowing=windowing)
+    render = {
+        "text": formats.as_text,
+        "json": lambda t: formats.as_json(t, args.nbest),
+        "srt": formats.as_srt,
+    }[args.format]
+    if args.out_dir:
+        out = Path(args.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for transcript in found:
+            target = out / (Path(transcript.path).stem + EXTENSIONS[args.format])
+            target.write_text(render(transcript) + "\n")
+            print(target)
+    else:
+        for transcript in found:
+            print(render(transcript))
     return 0
 
 
-def _with_experiment(args):
-    from asrkit.decoding.runner import transcribe_files
+def _experiment_recogniser(args):
+    from asrkit.decoding.transcribe import NetworkRecogniser
     from asrkit.experiment import load_experiment
 
     experiment = load_experiment(args.exp_dir, average=args.average)
     config = experiment.config
     options = search_options(args, config.decode.max_symbols_per_step)
-    found = transcribe_files(experiment.network, args.files, experiment.tokenizer, config, options)
-    return [(t.path, t.hypothesis.text) for t in found]
+    return NetworkRecogniser(experiment.network, experiment.tokenizer, config, options)
 
 
-def _with_model(args):
-    import json
-    from pathlib import Path
+def _model_recogniser(args):
+    from asrkit.decoding.transcribe import SavedModelRecogniser
 
-    import tensorflow as tf
-
-    from asrkit.audio import read_audio
-
-    rate = json.loads((Path(args.model) / "asrkit_export.json").read_text())["sample_rate"]
-    serve = tf.saved_model.load(args.model).signatures["serving_default"]
-    out = []
-    for path in args.files:
-        result = serve(waveform=tf.constant(read_audio(path, rate)))
-        out.append((path, result["text"].numpy().decode()))
-    return out
+    return SavedModelRecogniser(args.model)

@@ -24,18 +24,21 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from asrkit.decoding.found import Found
 from asrkit.tokenizer import BLANK_ID
 
-_DEAD = -1e9  # score of an empty beam slot; finite so that sums never make NaN
+DEAD_SCORE = -1e9  # score of an empty beam slot; finite so that sums never make NaN
 _HASH_MODULUS = 2_147_483_647  # 2^31 - 1: hash · multiplier stays inside int64
 _HASH_MULTIPLIER = 1_000_003
 
 
 def beam_search(model, encoded, encoder_lengths, beam: int = 4, max_symbols_per_step: int = 1):
-    """encoded [B, T, D] -> (tokens [B, K, T·S], frames [B, K, T·S], counts [B, K], scores [B, K]).
+    """encoded [B, T, D] -> `Found`: tokens/frames/token_log_probs [B, K, T·S], counts and
+    scores [B, K].
 
     Hypotheses are sorted best first; token slots past counts[b, k] hold -1; a score is
-    the log-probability of the hypothesis (summed over the alignments merged into it).
+    the log-probability of the hypothesis (summed over the alignments merged into it); a
+    token's log-prob is the joint's log-posterior of it on the alignment that was kept.
     """
     batch, num_frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
     k, rounds = int(beam), int(max_symbols_per_step)
@@ -49,8 +52,9 @@ def beam_search(model, encoded, encoder_lengths, beam: int = 4, max_symbols_per_
         state=state,
         tokens=tf.fill([batch, k, capacity], -1),
         frames=tf.fill([batch, k, capacity], -1),
+        log_probs=tf.zeros([batch, k, capacity], tf.float32),
         counts=tf.zeros([batch, k], tf.int32),
-        scores=tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], _DEAD)], axis=1),
+        scores=tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], DEAD_SCORE)], axis=1),
         hashes=tf.zeros([batch, k], tf.int64),
     )
     slot = tf.range(k)
@@ -74,10 +78,16 @@ def beam_search(model, encoded, encoder_lengths, beam: int = 4, max_symbols_per_
 
     _, beams = tf.while_loop(lambda t, _: t < num_frames, frame_body, [0, beams])
     order = tf.argsort(beams.scores, axis=1, direction="DESCENDING", stable=True)
-    return tuple(
-        tf.gather(x, order, batch_dims=1)
-        for x in (beams.tokens, beams.frames, beams.counts, beams.scores)
-    )
+    fields = (beams.tokens, beams.frames, beams.log_probs, beams.counts, beams.scores)
+    return Found(*(tf.gather(x, order, batch_dims=1) for x in fields))
+
+
+def live_slots(scores):
+    """[B, K] scores of hypotheses sorted best first -> which hold a hypothesis (an
+    utterance with fewer distinct hypotheses than the beam leaves empty slots; the first
+    always holds one)."""
+    first = tf.range(tf.shape(scores)[-1]) == 0
+    return tf.logical_or(first, scores > DEAD_SCORE / 2)
 
 
 class _Beams(NamedTuple):
@@ -87,6 +97,7 @@ class _Beams(NamedTuple):
     state: list  # predictor state, [B·K, ...] tensors
     tokens: tf.Tensor  # [B, K, T·S]
     frames: tf.Tensor  # [B, K, T·S]
+    log_probs: tf.Tensor  # [B, K, T·S]: each token's log-posterior where it was emitted
     counts: tf.Tensor  # [B, K]
     scores: tf.Tensor  # [B, K]
     hashes: tf.Tensor  # [B, K]
@@ -98,9 +109,10 @@ def _expand(model, frame, t, last_round, done, beams: _Beams, slot):
     batch, k = tf.shape(beams.scores)[0], tf.size(slot)
     log_probs = tf.nn.log_softmax(tf.cast(model.join(frame, beams.pred_out), tf.float32))
     vocab = tf.shape(log_probs)[-1]
-    extend = beams.scores[:, :, None] + tf.reshape(log_probs, [batch, k, vocab])
-    extend = tf.where(done[:, :, None], _DEAD, extend)
-    stay = tf.where(done, beams.scores, _DEAD)[:, :, None]
+    log_probs = tf.reshape(log_probs, [batch, k, vocab])
+    extend = beams.scores[:, :, None] + log_probs
+    extend = tf.where(done[:, :, None], DEAD_SCORE, extend)
+    stay = tf.where(done, beams.scores, DEAD_SCORE)[:, :, None]
     candidates = tf.reshape(tf.concat([stay, extend], axis=2), [batch, k * (vocab + 1)])
     top_scores, top = tf.math.top_k(candidates, k=k)  # ties: the lower index first
     parent, column = top // (vocab + 1), top % (vocab + 1)
@@ -113,6 +125,12 @@ def _expand(model, frame, t, last_round, done, beams: _Beams, slot):
     write = tf.logical_and(tf.one_hot(counts_p, capacity, True, False), emit[..., None])
     tokens = tf.where(write, symbol[..., None], tf.gather(beams.tokens, parent, batch_dims=1))
     frames = tf.where(write, t, tf.gather(beams.frames, parent, batch_dims=1))
+    symbol_log_prob = tf.gather(
+        tf.gather(log_probs, parent, batch_dims=1), tf.maximum(symbol, 0), batch_dims=2
+    )
+    token_log_probs = tf.where(
+        write, symbol_log_prob[..., None], tf.gather(beams.log_probs, parent, batch_dims=1)
+    )
     counts = counts_p + tf.cast(emit, tf.int32)
     hashes_p = tf.gather(beams.hashes, parent, batch_dims=1)
     extended = (hashes_p * _HASH_MULTIPLIER + tf.cast(symbol, tf.int64) + 1) % _HASH_MODULUS
@@ -132,6 +150,7 @@ def _expand(model, frame, t, last_round, done, beams: _Beams, slot):
         state=tf.nest.map_structure(pick, stepped_state, kept_state),
         tokens=tokens,
         frames=frames,
+        log_probs=token_log_probs,
         counts=counts,
         scores=scores,
         hashes=hashes,
@@ -147,12 +166,12 @@ def _same_shapes(new: _Beams, old: _Beams) -> _Beams:
 
 def _merge(scores, hashes, counts, done, slot):
     """[B, K] scores -> the same with each group of equal (sequence, finished) hypotheses
-    log-summed into its first (best) member and the others set to `_DEAD`."""
+    log-summed into its first (best) member and the others set to `DEAD_SCORE`."""
     same = (
         (hashes[:, :, None] == hashes[:, None, :])
         & (counts[:, :, None] == counts[:, None, :])
         & (done[:, :, None] == done[:, None, :])
     )  # [B, K, K]
     first = tf.reduce_min(tf.where(same, slot[None, None, :], tf.size(slot)), axis=-1)
-    merged = tf.reduce_logsumexp(tf.where(same, scores[:, None, :], _DEAD), axis=-1)
-    return tf.where(first == slot, merged, _DEAD)
+    merged = tf.reduce_logsumexp(tf.where(same, scores[:, None, :], DEAD_SCORE), axis=-1)
+    return tf.where(first == slot, merged, DEAD_SCORE)

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from asrkit.decoding.found import Found
 from asrkit.tokenizer import BLANK_ID
 
 
 def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = 3):
-    """encoded [B, T, D] -> (tokens [B, T·S], frames [B, T·S], counts [B], scores [B]).
+    """encoded [B, T, D] -> `Found` with tokens/frames/token_log_probs [B, T·S], counts [B],
+    scores [B].
 
-    Token slots past counts[b] hold -1. Runs as a tf.while_loop over frames with an inner
-    loop over symbols, so it compiles into one graph.
+    Token slots past counts[b] hold -1 (log-probs 0). A token's log-prob is the joint's
+    log-posterior of that symbol where it was emitted. Runs as a tf.while_loop over frames
+    with an inner loop over symbols, so it compiles into one graph.
     """
     batch, frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
     capacity = frames * max_symbols_per_step
@@ -26,20 +29,22 @@ def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = 3
     pred_out, state = predictor.step(tf.fill([batch], BLANK_ID), predictor.initial_state(batch))
     tokens = tf.fill([batch, capacity], -1)
     token_frames = tf.fill([batch, capacity], -1)
+    token_log_probs = tf.zeros([batch, capacity], tf.float32)
     counts = tf.zeros([batch], tf.int32)
     scores = tf.zeros([batch], tf.float32)
 
-    def frame_body(t, pred_out, state, tokens, token_frames, counts, scores):
+    def frame_body(t, pred_out, state, tokens, token_frames, token_log_probs, counts, scores):
         frame = encoded[:, t, :]
         active = t < encoder_lengths
 
         def symbol_cond(s, active, *_):
             return tf.logical_and(s < max_symbols_per_step, tf.reduce_any(active))
 
-        def symbol_body(s, active, pred_out, state, tokens, token_frames, counts, scores):
+        def symbol_body(s, active, pred_out, state, tokens, token_frames, log_ps, counts, scores):
             log_probs = tf.nn.log_softmax(tf.cast(model.join(frame, pred_out), tf.float32))
             best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
-            scores += tf.where(active, tf.reduce_max(log_probs, axis=-1), 0.0)
+            best_log_prob = tf.reduce_max(log_probs, axis=-1)
+            scores += tf.where(active, best_log_prob, 0.0)
             emit = tf.logical_and(active, best != BLANK_ID)
             slots = tf.stack([tf.range(batch), tf.minimum(counts, capacity - 1)], axis=1)
             rows = tf.boolean_mask(slots, emit)
@@ -47,6 +52,7 @@ def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = 3
             token_frames = tf.tensor_scatter_nd_update(
                 token_frames, rows, tf.fill([tf.shape(rows)[0]], t)
             )
+            log_ps = tf.tensor_scatter_nd_update(log_ps, rows, tf.boolean_mask(best_log_prob, emit))
             counts += tf.cast(emit, tf.int32)
             new_out, new_state = predictor.step(tf.where(emit, best, BLANK_ID), state)
             keep = emit[:, None]
@@ -54,18 +60,18 @@ def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = 3
             state = tf.nest.map_structure(
                 lambda new, old: tf.where(keep, new, old), new_state, state
             )
-            return s + 1, emit, pred_out, state, tokens, token_frames, counts, scores
+            return s + 1, emit, pred_out, state, tokens, token_frames, log_ps, counts, scores
 
         loop = tf.while_loop(
             symbol_cond,
             symbol_body,
-            [0, active, pred_out, state, tokens, token_frames, counts, scores],
+            [0, active, pred_out, state, tokens, token_frames, token_log_probs, counts, scores],
         )
         return (t + 1, *loop[2:])
 
     result = tf.while_loop(
         lambda t, *_: t < frames,
         frame_body,
-        [0, pred_out, state, tokens, token_frames, counts, scores],
+        [0, pred_out, state, tokens, token_frames, token_log_probs, counts, scores],
     )
-    return result[3], result[4], result[5], result[6]
+    return Found(*result[3:])

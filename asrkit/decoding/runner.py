@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
-from asrkit.audio import audio_info, read_audio
+from asrkit.audio import read_audio
 from asrkit.config import ExperimentConfig, FeatureConfig
 from asrkit.data.manifest import read_manifest
 from asrkit.data.pipeline import PipelineConfig, bucket_plan
 from asrkit.data.records import parse_example, shard_lengths
-from asrkit.decoding.search import DEFAULT_OPTIONS, DecodeOptions, Hypothesis, decode_batch
+from asrkit.decoding.search import DEFAULT_OPTIONS, DecodeOptions, decode_batch
 from asrkit.errors import InputError
 from asrkit.features import MIN_FEATURE_FRAMES, log_mel, normalizer_for
 from asrkit.metrics import ErrorRates, error_rates, word_errors
@@ -131,11 +131,11 @@ def _manifest_batches(
     manifest, features: FeatureConfig, normalize, batch_seconds: float
 ) -> Iterator[_Batch]:
     utterances = read_manifest(manifest)
-    for group in _by_budget(utterances, [u.duration for u in utterances], batch_seconds):
+    for group in by_budget(utterances, [u.duration for u in utterances], batch_seconds):
         yield _featurise([(u.id, u.audio_path, u.text) for u in group], features, normalize)
 
 
-def _by_budget(items: list, durations: list[float], budget: float) -> Iterator[list]:
+def by_budget(items: list, durations: list[float], budget: float) -> Iterator[list]:
     """Items shortest first, in groups whose padded audio (size x longest) stays within
     `budget` seconds (a longer item alone forms its own group)."""
     order = sorted(range(len(items)), key=lambda i: durations[i])
@@ -151,9 +151,16 @@ def _by_budget(items: list, durations: list[float], budget: float) -> Iterator[l
 
 def _featurise(utterances, config: FeatureConfig, normalize) -> _Batch:
     """A padded batch from audio files: `utterances` are (id, audio path, reference)."""
+    audio = [read_audio(path, config.sample_rate) for _, path, _ in utterances]
+    batch = featurise_samples(audio, config, normalize)
+    ids, _, refs = zip(*utterances, strict=True)
+    return replace(batch, ids=list(ids), references=list(refs))
+
+
+def featurise_samples(audio: list[np.ndarray], config: FeatureConfig, normalize) -> _Batch:
+    """A padded feature batch from waveforms (no ids or references)."""
     feats, seconds = [], 0.0
-    for _, path, _ in utterances:
-        samples = read_audio(path, config.sample_rate)
+    for samples in audio:
         seconds += len(samples) / config.sample_rate
         mel = log_mel(samples, config)
         feats.append(normalize(mel) if normalize is not None else mel)
@@ -163,31 +170,4 @@ def _featurise(utterances, config: FeatureConfig, normalize) -> _Batch:
     )
     for row, f in enumerate(feats):
         padded[row, : lengths[row]] = np.asarray(f)
-    ids, _, refs = zip(*utterances, strict=True)
-    return _Batch(list(ids), padded, lengths, list(refs), seconds)
-
-
-@dataclass(frozen=True)
-class Transcript:
-    path: str
-    hypothesis: Hypothesis
-
-
-def transcribe_files(
-    model,
-    paths: list[str | Path],
-    tokenizer: Tokenizer,
-    config: ExperimentConfig,
-    options: DecodeOptions = DEFAULT_OPTIONS,
-    batch_seconds: float | None = None,
-) -> list[Transcript]:
-    """The best hypothesis for each audio file, in the order given."""
-    paths = [str(p) for p in paths]
-    durations = [audio_info(p).duration for p in paths]
-    normalize = normalizer_for(config.data.cmvn)
-    found: dict[str, Hypothesis] = {}
-    for group in _by_budget(paths, durations, batch_seconds or config.data.batch_seconds):
-        batch = _featurise([(p, p, "") for p in group], config.features, normalize)
-        hyps = decode_batch(model, batch.features, batch.feature_lengths, tokenizer, options)
-        found.update(zip(group, hyps, strict=True))
-    return [Transcript(p, found[p]) for p in paths]
+    return _Batch([""] * len(feats), padded, lengths, [""] * len(feats), seconds)

@@ -1,16 +1,19 @@
 """One front for every search: options, typed results, compiled per (model, options).
 
 `decode_batch` encodes a padded feature batch and runs greedy or modified beam search in
-one compiled graph; greedy and beam return the same `Hypothesis`.
+one compiled graph; greedy and beam return the same `Hypothesis`. `decode_nbest` returns
+each utterance's n-best list (beam search: the beam, best first; greedy: one).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import tensorflow as tf
 
-from asrkit.decoding.beam import beam_search
+from asrkit.decoding.beam import beam_search, live_slots
+from asrkit.decoding.found import Found
 from asrkit.decoding.greedy import greedy_search
 
 METHODS = ("greedy", "beam")
@@ -24,6 +27,7 @@ class Hypothesis:
     frames: list[int]  # encoder frame at which each token was emitted
     score: float  # log-probability: Σ log-probs of every decision (blanks included)
     text: str = ""
+    token_log_probs: list[float] = field(default_factory=list)  # each token where emitted
 
 
 @dataclass(frozen=True)
@@ -46,17 +50,38 @@ def decode_batch(
     model, features, feature_lengths, tokenizer=None, options: DecodeOptions | None = None
 ) -> list[Hypothesis]:
     """features [B, T, F], feature_lengths [B] -> the best `Hypothesis` of each utterance."""
+    found = decode_nbest(model, features, feature_lengths, tokenizer, options)
+    return [hypotheses[0] for hypotheses in found]
+
+
+def decode_nbest(
+    model, features, feature_lengths, tokenizer=None, options: DecodeOptions | None = None
+) -> list[list[Hypothesis]]:
+    """features [B, T, F], feature_lengths [B] -> each utterance's hypotheses, best first
+    (beam search: up to `options.beam`, empty beam slots left out; greedy: one)."""
     options = options or DEFAULT_OPTIONS
-    tokens, frames, counts, scores = _compiled(model, options)(
+    found = _compiled(model, options)(
         tf.convert_to_tensor(features, tf.float32), tf.convert_to_tensor(feature_lengths, tf.int32)
     )
-    tokens, frames, counts, scores = tokens.numpy(), frames.numpy(), counts.numpy(), scores.numpy()
+    alive = live_slots(found.scores).numpy()
+    tokens, frames, log_probs, counts, scores = (x.numpy() for x in found)
     out = []
     for row in range(counts.shape[0]):
-        n = int(counts[row])
-        ids = tokens[row, :n].tolist()
-        text = tokenizer.decode(ids) if tokenizer is not None else ""
-        out.append(Hypothesis(ids, frames[row, :n].tolist(), float(scores[row]), text))
+        hyps = []
+        for k in np.flatnonzero(alive[row]):
+            n = int(counts[row, k])
+            ids = tokens[row, k, :n].tolist()
+            text = tokenizer.decode(ids) if tokenizer is not None else ""
+            hyps.append(
+                Hypothesis(
+                    ids,
+                    frames[row, k, :n].tolist(),
+                    float(scores[row, k]),
+                    text,
+                    log_probs[row, k, :n].tolist(),
+                )
+            )
+        out.append(hyps)
     return out
 
 
@@ -74,15 +99,15 @@ def beam_decode(
     return decode_batch(model, features, feature_lengths, tokenizer, options)
 
 
-def search(model, encoded, encoder_lengths, options: DecodeOptions):
-    """The best hypothesis per row, as graph tensors: (tokens [B, N], frames [B, N],
-    counts [B], scores [B]); token slots past counts[b] hold -1."""
+def search(model, encoded, encoder_lengths, options: DecodeOptions) -> Found:
+    """Each row's hypotheses as graph tensors, best first: `Found` with a K axis
+    ([B, K, N] tokens, [B, K] counts and scores; K = the beam, or 1 for greedy)."""
     if options.method == "beam":
-        tokens, frames, counts, scores = beam_search(
+        return beam_search(
             model, encoded, encoder_lengths, options.beam, options.max_symbols_per_step
         )
-        return tokens[:, 0], frames[:, 0], counts[:, 0], scores[:, 0]
-    return greedy_search(model, encoded, encoder_lengths, options.max_symbols_per_step)
+    found = greedy_search(model, encoded, encoder_lengths, options.max_symbols_per_step)
+    return Found(*(x[:, None] for x in found))
 
 
 def describe(options: DecodeOptions) -> str:

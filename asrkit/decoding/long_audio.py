@@ -1,0 +1,100 @@
+"""Long recordings: cut into overlapping windows at quiet points, joined back by time.
+
+A recording longer than `max_seconds` is cut at the quietest point (lowest short-time
+energy, smoothed over `smooth_seconds` so a pause beats a stop consonant) within the last
+`search_seconds` before each window would exceed `max_seconds`. Segment i runs from cut i to
+cut i+1; the window decoded for it also holds `context_seconds` of audio on each side, so
+the model hears the words around the cut. Each window keeps only the words whose start
+time falls inside its own segment: a word near a cut is recognised by both neighbours and
+kept by exactly one, and because cuts lie in pauses no word straddles one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from asrkit.decoding.words import Word
+
+ENERGY_HOP_SECONDS = 0.01
+
+
+@dataclass(frozen=True)
+class Windowing:
+    max_seconds: float = 30.0  # recordings up to this long are decoded whole
+    context_seconds: float = 1.0  # extra audio each side of a segment
+    search_seconds: float = 5.0  # where to look for a quiet point, before max_seconds
+    smooth_seconds: float = 0.2
+
+    def __post_init__(self):
+        if self.max_seconds <= 0 or self.context_seconds < 0 or self.smooth_seconds <= 0:
+            raise ValueError(f"invalid long-audio windowing: {self}")
+        if not 0 < self.search_seconds <= self.max_seconds / 2:
+            raise ValueError(
+                f"search_seconds must be in (0, max_seconds / 2]: {self.search_seconds} "
+                f"with max_seconds {self.max_seconds}"
+            )
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int  # samples of the recording decoded for this window: [start, end)
+    end: int
+    keep_from: float  # seconds (of the recording): words starting in [keep_from, keep_to)
+    keep_to: float
+
+
+def cut_points(samples: np.ndarray, rate: int, windowing: Windowing) -> list[int]:
+    """Sample positions of the cuts: [0, c1, ..., len(samples)], each segment no longer
+    than `windowing.max_seconds`."""
+    total = len(samples)
+    limit = int(windowing.max_seconds * rate)
+    if total <= limit:
+        return [0, total]
+    hop = max(1, int(ENERGY_HOP_SECONDS * rate))
+    usable = total // hop * hop
+    power = np.mean(np.square(samples[:usable].astype(np.float64)).reshape(-1, hop), axis=1)
+    width = max(1, round(windowing.smooth_seconds / ENERGY_HOP_SECONDS))
+    smooth = np.convolve(power, np.ones(width) / width, mode="same")
+    search = int(windowing.search_seconds * rate)
+    cuts = [0]
+    while total - cuts[-1] > limit:
+        lo = (cuts[-1] + limit - search) // hop
+        hi = min((cuts[-1] + limit) // hop, len(smooth))
+        quietest = lo + int(np.argmin(smooth[lo:hi]))  # the first of equally quiet frames
+        cuts.append(quietest * hop + hop // 2)
+    return [*cuts, total]
+
+
+def plan_windows(
+    samples: np.ndarray, rate: int, windowing: Windowing, step: int = 1
+) -> list[Window]:
+    """The windows to decode; each starts on a multiple of `step` samples (an encoder
+    frame, so token frames shift exactly)."""
+    cuts = cut_points(samples, rate, windowing)
+    context = int(windowing.context_seconds * rate)
+    last = len(cuts) - 2
+    return [
+        Window(
+            start=max(a - context, 0) // step * step,
+            end=min(b + context, len(samples)),
+            keep_from=a / rate if i > 0 else -np.inf,
+            keep_to=b / rate if i < last else np.inf,
+        )
+        for i, (a, b) in enumerate(itertools.pairwise(cuts))
+    ]
+
+
+def join_words(windows: list[Window], words: list[list[Word]], rate: int) -> list[Word]:
+    """Each window's words (times relative to the window) -> the recording's words: shifted
+    to the recording's time and kept where their start falls in the window's segment."""
+    joined = []
+    for window, found in zip(windows, words, strict=True):
+        shift = window.start / rate
+        for word in found:
+            start = word.start + shift
+            if window.keep_from <= start < window.keep_to:
+                joined.append(Word(word.text, start, word.end + shift, word.confidence))
+    return joined

@@ -1,0 +1,201 @@
+"""Transcribing audio files: text, timed words and n-best lists, long files in windows.
+
+A recogniser turns waveforms into `Decoded` windows. Two kinds, one result:
+`NetworkRecogniser` runs a loaded experiment's network here; `SavedModelRecogniser` runs an
+`asrkit export` through its `serve_batch` signature (TensorFlow only). `transcribe_files`
+cuts long files (`asrkit.decoding.long_audio`), batches the windows by padded duration,
+and joins each file's windows back by time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from asrkit.audio import read_audio
+from asrkit.config import ExperimentConfig
+from asrkit.decoding.long_audio import Window, Windowing, join_words, plan_windows
+from asrkit.decoding.runner import by_budget, featurise_samples
+from asrkit.decoding.search import DEFAULT_OPTIONS, Hypothesis, decode_nbest
+from asrkit.decoding.words import Alignment, FrameClock, Word, align
+from asrkit.errors import InputError
+from asrkit.features import normalizer_for
+from asrkit.tokenizer import Tokenizer
+
+EXPORT_INFO = "asrkit_export.json"
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One waveform's result: the best hypothesis, its timed words, the n-best list."""
+
+    best: Hypothesis
+    alignment: Alignment
+    nbest: list[Hypothesis]
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """One audio file's result. A file decoded in one piece (`windows == 1`) has its
+    n-best list; a longer one the hypothesis joined from its windows (token frames count
+    from the start of the file, the score is the windows' sum) and no n-best."""
+
+    path: str
+    hypothesis: Hypothesis
+    words: list[Word]
+    nbest: list[Hypothesis]
+    duration: float  # seconds
+    windows: int = 1
+
+    @property
+    def text(self) -> str:
+        return self.hypothesis.text
+
+
+class NetworkRecogniser:
+    """A loaded network with its tokenizer, feature settings and statistics."""
+
+    def __init__(
+        self, model, tokenizer: Tokenizer, config: ExperimentConfig, options=DEFAULT_OPTIONS
+    ):
+        self.model, self.tokenizer, self.options = model, tokenizer, options
+        self.features = config.features
+        self.sample_rate = config.features.sample_rate
+        self.clock = FrameClock.of(config.features)
+        self.normalize = normalizer_for(config.data.cmvn)
+        self.pieces = tokenizer.surface_pieces()
+
+    def __call__(self, waveforms: list[np.ndarray]) -> list[Decoded]:
+        batch = featurise_samples(waveforms, self.features, self.normalize)
+        found = decode_nbest(
+            self.model, batch.features, batch.feature_lengths, self.tokenizer, self.options
+        )
+        alignments = align([hyps[0] for hyps in found], self.pieces, self.clock)
+        return [
+            Decoded(hyps[0], alignment, hyps)
+            for hyps, alignment in zip(found, alignments, strict=True)
+        ]
+
+
+class SavedModelRecogniser:
+    """An exported SavedModel, through its batched signature."""
+
+    def __init__(self, directory: str | Path):
+        directory = Path(directory)
+        info_file = directory / EXPORT_INFO
+        if not info_file.is_file():
+            raise InputError(f"{directory} is not an asrkit export (no {EXPORT_INFO})")
+        info = json.loads(info_file.read_text())
+        if "serve_batch" not in info.get("signatures", {}):
+            raise InputError(
+                f"{directory} was exported by asrkit {info.get('asrkit_version', '?')}, "
+                "without the batched signature; export it again with this version"
+            )
+        self.sample_rate = int(info["sample_rate"])
+        self.clock = FrameClock(info["frame_period"], info["frame_offset"])
+        self.serve = tf.saved_model.load(str(directory)).signatures["serve_batch"]
+
+    def __call__(self, waveforms: list[np.ndarray]) -> list[Decoded]:
+        lengths = np.array([len(w) for w in waveforms], np.int32)
+        padded = np.zeros((len(waveforms), max(lengths.max(), 1)), np.float32)
+        for row, samples in enumerate(waveforms):
+            padded[row, : lengths[row]] = samples
+        out = self.serve(waveforms=tf.constant(padded), lengths=tf.constant(lengths))
+        out = {key: value.numpy() for key, value in out.items()}
+        decoded = []
+        for row in range(len(waveforms)):
+            n, w = int(out["token_counts"][row]), int(out["word_counts"][row])
+            times = out["token_times"][row, :n]
+            frames = np.rint((times - self.clock.offset) / self.clock.period).astype(int)
+            words = [
+                Word(
+                    out["words"][row, i].decode(),
+                    float(out["word_starts"][row, i]),
+                    float(out["word_ends"][row, i]),
+                    float(out["word_confidence"][row, i]),
+                )
+                for i in range(w)
+            ]
+            best = Hypothesis(
+                out["tokens"][row, :n].tolist(),
+                frames.tolist(),
+                float(out["score"][row]),
+                out["text"][row].decode(),
+            )  # per-token log-probs are not exported (word confidences are)
+            nbest = [
+                Hypothesis([], [], float(score), text.decode())
+                for text, score in zip(
+                    out["nbest_texts"][row, : out["nbest_counts"][row]],
+                    out["nbest_scores"][row, : out["nbest_counts"][row]],
+                    strict=True,
+                )
+            ]
+            alignment = Alignment(words, out["token_words"][row, :n].tolist())
+            decoded.append(Decoded(best, alignment, nbest))
+        return decoded
+
+
+def transcribe_files(
+    recognise,
+    paths: list[str | Path],
+    batch_seconds: float = 60.0,
+    windowing: Windowing | None = None,
+) -> list[Transcript]:
+    """Each audio file's transcript, in the order given; files longer than
+    `windowing.max_seconds` are decoded in overlapping windows and joined by time.
+    Windows are decoded in batches of at most `batch_seconds` padded audio."""
+    windowing = windowing or Windowing()
+    rate = recognise.sample_rate
+    paths = [str(p) for p in paths]
+    audio = {p: read_audio(p, rate) for p in paths}
+    step = round(recognise.clock.period * rate)  # windows start on encoder frames
+    windows_of = {p: plan_windows(audio[p], rate, windowing, step) for p in paths}
+    jobs = [(p, w) for p in paths for w in windows_of[p]]
+    found: dict[tuple[str, int], Decoded] = {}
+    for group in by_budget(jobs, [(w.end - w.start) / rate for _, w in jobs], batch_seconds):
+        results = recognise([audio[p][w.start : w.end] for p, w in group])
+        found.update(zip(((p, w.start) for p, w in group), results, strict=True))
+    out = []
+    for path in paths:
+        windows = windows_of[path]
+        decoded = [found[(path, w.start)] for w in windows]
+        duration = len(audio[path]) / rate
+        if len(windows) == 1:
+            one = decoded[0]
+            out.append(Transcript(path, one.best, one.alignment.words, one.nbest, duration))
+            continue
+        words = join_words(windows, [d.alignment.words for d in decoded], rate)
+        joined = _join_hypotheses(windows, decoded, recognise.clock, rate)
+        text = " ".join(w.text for w in words)
+        out.append(Transcript(path, replace(joined, text=text), words, [], duration, len(windows)))
+    return out
+
+
+def _join_hypotheses(
+    windows: list[Window], decoded: list[Decoded], clock: FrameClock, rate: int
+) -> Hypothesis:
+    """The tokens of the words each window keeps, with frames counted from the file's start."""
+    tokens, frames, log_probs, score = [], [], [], 0.0
+    for window, found in zip(windows, decoded, strict=True):
+        shift = window.start / rate
+        kept = {
+            i
+            for i, word in enumerate(found.alignment.words)
+            if window.keep_from <= word.start + shift < window.keep_to
+        }
+        offset = round(shift / clock.period)  # exact: windows start on encoder frames
+        hyp = found.best
+        per_token = hyp.token_log_probs or [0.0] * len(hyp.tokens)
+        for token, frame, log_prob, word in zip(
+            hyp.tokens, hyp.frames, per_token, found.alignment.token_words, strict=True
+        ):
+            if word in kept:
+                tokens.append(token)
+                frames.append(frame + offset)
+                log_probs.append(log_prob)
+        score += hyp.score
+    return Hypothesis(tokens, frames, score, "", log_probs)

@@ -1,0 +1,161 @@
+"""From a search's tokens to text and timed words, in TensorFlow ops (one definition for
+`asrkit decode`/`transcribe` and the exported graph, so the two cannot disagree).
+
+Times. Encoder frame t is made from feature frames 4t .. 4t+6 (two 3-wide, stride-2
+convolutions); a token emitted at frame t gets the centre of that span as its time:
+`offset + t * period` with `period = 4 * frame_step / rate` (40 ms) and
+`offset = (3 * frame_step + frame_length / 2) / rate` (42.5 ms). A transducer emits a token
+once it has heard it, so this is when the model *recognised* the token, typically a little
+after it began (measured by `tools/word_timing.py`).
+
+Words. A word starts at a piece that begins with a word boundary ("▁", a space in
+`Tokenizer.surface_pieces`), unless the piece before it was a bare boundary (which then
+began the word), and at the first token. A word's start is its first token's time, its end
+the last token's time plus one frame period, and its confidence the lowest posterior
+probability among its tokens (the joint's probability of the token where it was emitted):
+one unsure piece makes an unsure word. Words whose text is empty are dropped, so joining
+the words with spaces gives exactly the hypothesis' text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from asrkit.config import FeatureConfig
+
+SUBSAMPLING = 4  # feature frames per encoder frame (asrkit.features.encoder_frames)
+RECEPTIVE_CENTRE = 3  # the centre of encoder frame 0's feature frames 0 .. 6
+
+
+@dataclass(frozen=True)
+class Word:
+    text: str
+    start: float  # seconds
+    end: float  # seconds
+    confidence: float  # in (0, 1]
+
+
+@dataclass(frozen=True)
+class FrameClock:
+    """Encoder frame index -> seconds."""
+
+    period: float
+    offset: float
+
+    @classmethod
+    def of(cls, features: FeatureConfig) -> FrameClock:
+        rate = float(features.sample_rate)
+        return cls(
+            period=SUBSAMPLING * features.frame_step / rate,
+            offset=(RECEPTIVE_CENTRE * features.frame_step + features.frame_length / 2) / rate,
+        )
+
+    def seconds(self, frames):
+        return self.offset + tf.cast(frames, tf.float32) * self.period
+
+
+def detokenize(tokens, counts, pieces):
+    """tokens [..., N] (slots past counts hold -1), counts [...], pieces: string [V] from
+    `Tokenizer.surface_pieces` -> upper-case text [...], words separated by single spaces
+    (what `Tokenizer.decode` returns)."""
+    valid = tf.range(tf.shape(tokens)[-1]) < counts[..., None]
+    text = tf.strings.reduce_join(
+        tf.where(valid, tf.gather(pieces, tf.maximum(tokens, 0)), ""), axis=-1
+    )
+    return tf.strings.upper(tf.strings.strip(tf.strings.regex_replace(text, " +", " ")))
+
+
+def timed_words(tokens, frames, token_log_probs, counts, pieces, clock: FrameClock):
+    """One row per utterance: tokens/frames/token_log_probs [B, N], counts [B] ->
+    {"words": string [B, W], "word_starts", "word_ends", "word_confidence": float32 [B, W],
+    "word_counts": int32 [B], "token_words": int32 [B, N]}; W is the most words in a row,
+    slots past word_counts[b] hold "" and 0; token_words is each token's word (-1: none)."""
+    batch, slots = tf.shape(tokens)[0], tf.shape(tokens)[1]
+    position = tf.range(slots)[None, :]
+    valid = position < counts[:, None]
+    piece = tf.where(valid, tf.gather(pieces, tf.maximum(tokens, 0)), "")
+    bare = tf.logical_and(valid, tf.strings.strip(piece) == "")
+    after_bare = tf.pad(bare[:, :-1], [[0, 0], [1, 0]])
+    boundary = tf.strings.regex_full_match(piece, r"\s.*")
+    starts = valid & ((boundary & ~after_bare) | (position == 0))
+    index = tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1  # word of each token
+    segments = batch * slots  # word w of row b is segment b·N + w; one more for the slots
+    flat = tf.reshape(tf.where(valid, index + tf.range(batch)[:, None] * slots, segments), [-1])
+
+    def per_word(reduce, values):
+        return reduce(tf.reshape(values, [-1]), flat, segments + 1)[:segments]
+
+    text = per_word(tf.strings.unsorted_segment_join, piece)
+    text = tf.strings.upper(tf.strings.strip(tf.strings.regex_replace(text, r"\s+", " ")))
+    first = per_word(tf.math.unsorted_segment_min, frames)
+    last = per_word(tf.math.unsorted_segment_max, frames)
+    lowest = per_word(tf.math.unsorted_segment_min, token_log_probs)
+    # Keep the words with text, packed to the front of their row.
+    keep = tf.reshape(text != "", [batch, slots])
+    order = tf.argsort(tf.cast(~keep, tf.int32), axis=1, stable=True)
+    word_counts = tf.reduce_sum(tf.cast(keep, tf.int32), axis=1)
+    width = tf.reduce_max(tf.concat([word_counts, [0]], 0))
+    take = order[:, :width]
+    filled = tf.range(width)[None, :] < word_counts[:, None]
+    packed_index = tf.cumsum(tf.cast(keep, tf.int32), axis=1) - 1
+    token_word = tf.gather(packed_index, tf.maximum(index, 0), batch_dims=1)
+    token_kept = tf.gather(keep, tf.maximum(index, 0), batch_dims=1)
+
+    def pack(values, empty):
+        packed = tf.gather(tf.reshape(values, [batch, slots]), take, batch_dims=1)
+        return tf.where(filled, packed, empty)
+
+    return {
+        "words": pack(text, ""),
+        "word_starts": pack(clock.seconds(first), 0.0),
+        "word_ends": pack(clock.seconds(last) + clock.period, 0.0),
+        "word_confidence": pack(tf.exp(lowest), 0.0),
+        "word_counts": word_counts,
+        "token_words": tf.where(valid & token_kept, token_word, -1),
+    }
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """A hypothesis' timed words, and the word each of its tokens belongs to (-1: none)."""
+
+    words: list[Word]
+    token_words: list[int]
+
+
+def align(hypotheses, pieces: list[str], clock: FrameClock) -> list[Alignment]:
+    """The timed words of each `Hypothesis` (eagerly, through the same ops as the graph)."""
+    if not hypotheses:
+        return []
+    width = max(1, *(len(h.tokens) for h in hypotheses))
+
+    def padded(field, fill, dtype):
+        rows = [list(getattr(h, field)) + [fill] * (width - len(h.tokens)) for h in hypotheses]
+        return tf.constant(rows, dtype)
+
+    found = timed_words(
+        padded("tokens", -1, tf.int32),
+        padded("frames", -1, tf.int32),
+        padded("token_log_probs", 0.0, tf.float32),
+        tf.constant([len(h.tokens) for h in hypotheses], tf.int32),
+        tf.constant(pieces),
+        clock,
+    )
+    found = {key: value.numpy() for key, value in found.items()}
+    return [
+        Alignment(
+            words=[
+                Word(
+                    found["words"][row, i].decode(),
+                    float(found["word_starts"][row, i]),
+                    float(found["word_ends"][row, i]),
+                    float(found["word_confidence"][row, i]),
+                )
+                for i in range(found["word_counts"][row])
+            ],
+            token_words=found["token_words"][row, : len(h.tokens)].tolist(),
+        )
+        for row, h in enumerate(hypotheses)
+    ]
