@@ -2,6 +2,7 @@
 real speech exactly as `asrkit decode` and `asrkit transcribe` do."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -136,18 +137,60 @@ def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp
 
 
 def test_transcribe_cli_with_an_export_and_an_experiment(experiment, tmp_path):
+    """text, JSON lines and SRT agree between an export and its experiment, from another
+    directory; a long file (three clips) is decoded in windows; mistakes exit 2."""
+    import soundfile
+
     _, exp, utts = experiment
     out = export_model(exp, tmp_path / "saved")
     asrkit = Path(sys.executable).parent / "asrkit"
-    paths = [utts[1].audio_path, utts[0].audio_path]
-    lines = {}
-    for source in (["--model", str(out)], ["--exp-dir", str(exp)]):
-        run = subprocess.run([asrkit, "transcribe", *paths, *source], capture_output=True,
-                             text=True, timeout=300)  # fmt: skip
-        assert run.returncode == 0, run.stderr[-2000:]
-        lines[source[0]] = run.stdout.strip().splitlines()
-    assert [line.split("\t")[0] for line in lines["--model"]] == paths
-    assert lines["--model"] == lines["--exp-dir"]
+    clips = [read_audio(u.audio_path) for u in utts[:3]]
+    long_file = tmp_path / "three.wav"
+    soundfile.write(long_file, np.concatenate(clips), 16000)
+    paths = [utts[1].audio_path, utts[0].audio_path, str(long_file)]
+    outputs = {}
+    for fmt in ("text", "json"):
+        for source in (["--model", str(out)], ["--exp-dir", str(exp)]):
+            run = subprocess.run(
+                [asrkit, "transcribe", *paths, *source, "--format", fmt, "--max-seconds", "8"],
+                capture_output=True, text=True, timeout=300, cwd=tmp_path,
+            )  # fmt: skip
+            assert run.returncode == 0, run.stderr[-2000:]
+            outputs[fmt, source[0]] = run.stdout.strip().splitlines()
+    assert [line.split("\t")[0] for line in outputs["text", "--model"]] == paths
+    assert outputs["text", "--model"] == outputs["text", "--exp-dir"]
+    model_json = [json.loads(line) for line in outputs["json", "--model"]]
+    exp_json = [json.loads(line) for line in outputs["json", "--exp-dir"]]
+    assert [r["windows"] for r in model_json] == [1, 1, 3]  # cut at both junctions
+    for a, b in zip(model_json, exp_json, strict=True):
+        assert a["text"] == b["text"] == " ".join(w["word"] for w in a["words"])
+        assert [w["word"] for w in a["words"]] == [w["word"] for w in b["words"]]
+        for wa, wb in zip(a["words"], b["words"], strict=True):
+            assert wa["start"] == pytest.approx(wb["start"], abs=1e-3)
+            assert 0 < wa["confidence"] <= 1 and wa["end"] > wa["start"]
+        starts = [w["start"] for w in a["words"]]
+        assert starts == sorted(starts) and starts[-1] < a["duration"]
+
+    srt = subprocess.run(
+        [asrkit, "transcribe", paths[0], "--model", str(out), "--format", "srt"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert srt.returncode == 0, srt.stderr[-2000:]
+    cues = srt.stdout.strip().split("\n\n")
+    assert [c.splitlines()[0] for c in cues] == [str(i + 1) for i in range(len(cues))]
+    assert " ".join(c.splitlines()[2] for c in cues) == model_json[0]["text"]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}", cues[0].splitlines()[1])
+
+    for wrong, says in [
+        (["--format", "srt", *paths], "--out-dir"),
+        (["--nbest", "-1", paths[0]], "--nbest"),
+        (["--max-seconds", "0", paths[0]], "--max-seconds"),
+        ([str(tmp_path / "missing.flac")], "missing.flac"),
+    ]:
+        run = subprocess.run([asrkit, "transcribe", "--model", str(out), *wrong],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert run.returncode == 2 and says in run.stderr, (wrong, run.stderr[-1000:])
+        assert "Traceback" not in run.stderr
 
 
 def test_exported_beam_search_matches_beam_decoding(experiment, tmp_path):
