@@ -108,9 +108,25 @@ def synthesize(
     return samples
 
 
+class _Event(ctypes.Structure):
+    """libespeak-ng's espeak_EVENT (speak_lib.h)."""
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("unique_identifier", ctypes.c_uint),
+        ("text_position", ctypes.c_int),
+        ("length", ctypes.c_int),
+        ("audio_position", ctypes.c_int),  # milliseconds from the start of the text
+        ("sample", ctypes.c_int),
+        ("user_data", ctypes.c_void_p),
+        ("id", ctypes.c_char * 8),  # a union of int / char* / char[8]: the widest
+    ]
+
+
 _CALLBACK = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.POINTER(_Event)
 )
+_EVENT_LIST_END, _EVENT_WORD = 0, 1
 _SYNCHRONOUS, _POS_CHARACTER, _CHARS_UTF8 = 2, 1, 1
 _RATE, _PITCH = 1, 3
 
@@ -130,10 +146,19 @@ class _Espeak:
         if self.rate <= 0:
             raise RuntimeError(f"espeak_Initialize failed with data at {data}")
         self.chunks: list[np.ndarray] = []
+        self.word_events: list[tuple[int, int, int]] = []  # (ms, text position, length)
 
-        def collect(wav, count, _events):
+        def collect(wav, count, events):
             if count > 0:
                 self.chunks.append(np.ctypeslib.as_array(wav, shape=(count,)).copy())
+            i = 0
+            while events and events[i].type != _EVENT_LIST_END:
+                event = events[i]
+                if event.type == _EVENT_WORD:
+                    self.word_events.append(
+                        (event.audio_position, event.text_position, event.length)
+                    )
+                i += 1
             return 0
 
         self.callback = _CALLBACK(collect)  # keep a reference: C holds only a pointer
@@ -147,13 +172,19 @@ class _Espeak:
             return cls._singleton
 
     def speak(self, voice: str, text: str, rate: int, pitch: int, seed: int) -> np.ndarray:
+        return self.speak_words(voice, text, rate, pitch, seed)[0]
+
+    def speak_words(
+        self, voice: str, text: str, rate: int, pitch: int, seed: int
+    ) -> tuple[np.ndarray, list[tuple[float, str]]]:
+        """Samples, and each word's start (seconds) with the word as written."""
         with self._lock:
             self.lib.espeak_ng_SetRandSeed(ctypes.c_long(seed))
             if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
                 raise ValueError(f"eSpeak NG has no voice {voice!r}")
             self.lib.espeak_SetParameter(_RATE, int(rate), 0)
             self.lib.espeak_SetParameter(_PITCH, int(pitch), 0)
-            self.chunks = []
+            self.chunks, self.word_events = [], []
             data = text.encode("utf-8") + b"\0"
             status = self.lib.espeak_Synth(
                 data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
@@ -162,7 +193,22 @@ class _Espeak:
                 raise RuntimeError(f"espeak_Synth failed ({status}) for {text!r}")
             self.lib.espeak_Synchronize()
             pcm = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.int16)
-        return resample(pcm.astype(np.float32) / 32768.0, self.rate, SAMPLE_RATE)
+            raw = text.encode("utf-8")
+            words = [  # text positions count characters from 1
+                (ms / 1000, raw[position - 1 : position - 1 + length].decode("utf-8", "replace"))
+                for ms, position, length in self.word_events
+            ]
+        return resample(pcm.astype(np.float32) / 32768.0, self.rate, SAMPLE_RATE), words
+
+
+def espeak_word_starts(
+    voice: Voice, text: str, rate: int = 175, pitch: int = 50, seed: int = 0
+) -> tuple[np.ndarray, list[tuple[float, str]]]:
+    """`synthesize` for an eSpeak voice, plus eSpeak's own word events: each word's start
+    in seconds with the word as written (a reference for word timings)."""
+    if voice.engine != "espeak":
+        raise ValueError(f"word events come from eSpeak voices only, not {voice.engine!r}")
+    return _Espeak.instance().speak_words(voice.name, text, rate, pitch, seed)
 
 
 def _run_to_wav(command: list[str], stdin: str | None, pitch_cents: int) -> np.ndarray:

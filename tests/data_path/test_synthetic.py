@@ -11,7 +11,7 @@ from asrkit.cli.main import main as cli
 from asrkit.data.librispeech import prepare_librispeech
 from asrkit.data.manifest import read_manifest
 from asrkit.data.synthetic import PARTS, sentence, split_identities
-from asrkit.data.tts import available_voices, synthesize
+from asrkit.data.tts import available_voices, espeak_word_starts, synthesize
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +101,20 @@ def test_natural_voices_share_identity_across_engines_and_pitch_shifts():
     parts = split_identities(NATURAL, random.Random(0))
     seen = [{v.identity for v in vs} for vs in parts.values()]
     assert all(a.isdisjoint(b) for i, a in enumerate(seen) for b in seen[i + 1 :])
+
+
+def test_espeak_word_events_mark_where_each_word_begins():
+    """eSpeak's word events (the word-timing reference): one per word, in order, inside the
+    audio; and a word's event falls where its sound is: the event of the word after a long
+    silence (eSpeak's pause for a comma) lies at the end of that silence."""
+    voice = next(v for v in available_voices() if v.name == "en-us+m3")
+    text = "the farmer opened the box, and the old man painted seven red letters"
+    samples, words = espeak_word_starts(voice, text, rate=160, pitch=50, seed=1)
+    assert [w for _, w in words] == text.replace(",", "").split()
+    starts = [t for t, _ in words]
+    assert starts == sorted(starts) and starts[-1] < len(samples) / 16_000
+    # The silence of the comma: the quietest 100 ms stretch; "and" starts at its end.
+    power = np.convolve(samples.astype(np.float64) ** 2, np.ones(1600) / 1600, mode="valid")
+    middle = np.argmin(power[4000:-4000]) + 4000 + 800  # centre of the quietest stretch
+    quiet = np.flatnonzero(power[middle - 800 :] > 10 * power[middle - 800])[0] + middle
+    assert abs(starts[5] - quiet / 16_000) < 0.12, (starts[5], quiet / 16_000)
