@@ -123,6 +123,10 @@ class ModelConfig:
     loss_warmup_updates: int = 2000  # simple 1 -> scale, pruned 0.1 -> 1, in updates
     lm_only_scale: float = 0.25  # smoothing of the simple loss (icefall's defaults)
     am_only_scale: float = 0.0
+    # k2/icefall's delay penalty λ: a label emitted at frame t scores λ·((T−1)/2 − t) more
+    # in the training loss, so the model learns to emit earlier (better word times and
+    # latency, at some WER); 0 = the plain RNN-T loss. Full loss only.
+    delay_penalty: float = 0.0
 
     def __post_init__(self):
         _at_least(self, "model", joint_dim=1, prune_range=2, loss_warmup_updates=0)
@@ -133,6 +137,12 @@ class ModelConfig:
                 raise ValueError(f"model.{key} must be in [0, 1], got {getattr(self, key)}")
         if self.lm_only_scale + self.am_only_scale >= 1:
             raise ValueError("model.lm_only_scale + model.am_only_scale must be < 1")
+        if self.delay_penalty < 0:
+            raise ValueError(f"model.delay_penalty must be >= 0, got {self.delay_penalty}")
+        if self.delay_penalty and self.loss == "pruned":
+            raise ValueError(
+                "model.delay_penalty works with model.loss=full only (not yet with pruned)"
+            )
         _positive(self, "model", "joint_chunk_mb")
         if self.normalize_by not in NORMALIZERS:
             raise ValueError(

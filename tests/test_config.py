@@ -32,6 +32,8 @@ def test_defaults_and_overrides(tmp_path):
         ("train:\n  epochs: 2.5\n", "'train.epochs' must be int"),
         ("train:\n  precision: fp16\n", "train.precision must be one of"),
         ("data: 3\n", "section 'data' must be a mapping"),
+        ("model:\n  delay_penalty: -0.1\n", "model.delay_penalty must be >= 0"),
+        ("model:\n  loss: pruned\n  delay_penalty: 0.01\n", "with model.loss=full only"),
     ],
 )
 def test_bad_configs_name_the_key_and_section(tmp_path, text, message):

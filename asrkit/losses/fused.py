@@ -50,6 +50,7 @@ def fused_joint_rnnt_loss(
     blank: int = 0,
     chunk_frames: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    delay_penalty: float = 0.0,
 ) -> tf.Tensor:
     """Per-utterance RNN-T loss [B] (float32) of the joint `tanh(e + p) @ kernel + bias`.
 
@@ -57,7 +58,7 @@ def fused_joint_rnnt_loss(
       encoder_hidden: [B, T, H] projected encoder frames (the joint's encoder projection).
       predictor_hidden: [B, U+1, H] projected predictor states.
       kernel: [H, V] output layer kernel; bias: [V] or None.
-      labels, logit_lengths, label_lengths, blank: as for `rnnt_loss`.
+      labels, logit_lengths, label_lengths, blank, delay_penalty: as for `rnnt_loss`.
       chunk_frames: frames per chunk; default: as many as fit `chunk_bytes` of float32
         chunk temporaries (at least 1).
     """
@@ -76,7 +77,7 @@ def fused_joint_rnnt_loss(
     chunk = _chunk_frames(encoder_hidden, predictor_hidden, kernel, chunk_frames, chunk_bytes)
     return _loss(
         encoder_hidden, predictor_hidden, kernel, bias, labels, logit_lengths, label_lengths,
-        int(blank), chunk,
+        int(blank), chunk, float(delay_penalty),
     )  # fmt: skip
 
 
@@ -130,7 +131,7 @@ def _in_chunks(x, chunk):
     return tf.reshape(padded, [shape[0], chunks, chunk, shape[2]]), chunks
 
 
-def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, chunk):
+def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, chunk, delay):
     @tf.custom_gradient
     def core(enc, pred, kernel, bias):
         enc_s, pred_s = tf.stop_gradient(enc), tf.stop_gradient(pred)
@@ -142,7 +143,9 @@ def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, 
         lse, log_blank, log_label = _forward_chunks(
             padded, chunks, pred_s, kernel_s, bias_s, next_label, blank, chunk, frames
         )
-        log_blank, log_label = _mask_emissions(log_blank, log_label, logit_lengths, label_lengths)
+        log_blank, log_label = _mask_emissions(
+            log_blank, log_label, logit_lengths, label_lengths, delay
+        )
         alpha, beta, blank_d, label_d, terminal, log_prob = _forward_backward(
             log_blank, log_label, logit_lengths, label_lengths
         )

@@ -40,8 +40,10 @@ def rnnt_loss(
     label_lengths: tf.Tensor,
     blank: int = 0,
     fused_log_softmax: bool = True,
+    delay_penalty: float = 0.0,
 ) -> tf.Tensor:
-    """Per-utterance RNN-T loss −log P(y|x).
+    """Per-utterance RNN-T loss −log P(y|x) (with `delay_penalty` > 0: of the
+    delay-penalized lattice, see `_mask_emissions`).
 
     Args:
       logits: [B, T, U+1, V] joint output, any float dtype (maths runs in float32).
@@ -70,8 +72,9 @@ def rnnt_loss(
     with tf.control_dependencies(checks):
         logits = tf.identity(logits)
     return _rnnt_loss_with_grad(
-        logits, labels, logit_lengths, label_lengths, blank, bool(fused_log_softmax)
-    )
+        logits, labels, logit_lengths, label_lengths, blank, bool(fused_log_softmax),
+        float(delay_penalty),
+    )  # fmt: skip
 
 
 def _check_static(logits, labels, logit_lengths, label_lengths, blank):
@@ -184,10 +187,19 @@ def _next_labels(labels, label_lengths, u1):
     return tf.pad(tf.where(label_valid, labels, 0), [[0, 0], [0, 1]])
 
 
-def _mask_emissions(log_blank, log_label, logit_lengths, label_lengths):
-    """Blank and next-label log-probs [B, T, U+1], log-zero outside each lattice."""
+def _mask_emissions(log_blank, log_label, logit_lengths, label_lengths, delay_penalty=0.0):
+    """Blank and next-label log-probs [B, T, U+1], log-zero outside each lattice.
+
+    `delay_penalty` λ > 0 (k2/icefall's delay-penalized transducer): a label emitted at
+    frame t scores λ · ((T_b − 1) / 2 − t) more, so the loss prefers alignments that
+    emit earlier; summed over a path it is zero for emissions spread evenly around the
+    utterance's middle."""
     shape = tf.shape(log_blank)
     frames, u1 = shape[1], shape[2]
+    if delay_penalty:
+        centre = (tf.cast(logit_lengths, tf.float32)[:, None] - 1.0) / 2.0  # [B, 1]
+        early = centre - tf.cast(tf.range(frames), tf.float32)[None, :]  # [B, T]
+        log_label = log_label + float(delay_penalty) * early[:, :, None]
     t_valid = tf.range(frames)[None, :] < logit_lengths[:, None]  # [B, T]
     u_valid = tf.range(u1)[None, :] <= label_lengths[:, None]  # [B, U+1]
     node_valid = t_valid[:, :, None] & u_valid[:, None, :]
@@ -195,7 +207,7 @@ def _mask_emissions(log_blank, log_label, logit_lengths, label_lengths):
     return tf.where(node_valid, log_blank, _LOG_ZERO), tf.where(edge_valid, log_label, _LOG_ZERO)
 
 
-def _emission_log_probs(x, labels, logit_lengths, label_lengths, blank, fused):
+def _emission_log_probs(x, labels, logit_lengths, label_lengths, blank, fused, delay=0.0):
     """Blank and next-label log-probs [B, T, U+1] (log-zero outside the lattice) and LSE."""
     shape = tf.shape(x)
     frames, u1 = shape[1], shape[2]
@@ -207,7 +219,7 @@ def _emission_log_probs(x, labels, logit_lengths, label_lengths, blank, fused):
     if fused:
         picked = picked - lse[..., None]
     log_blank, log_label = _mask_emissions(
-        picked[..., 0], picked[..., 1], logit_lengths, label_lengths
+        picked[..., 0], picked[..., 1], logit_lengths, label_lengths, delay
     )
     return log_blank, log_label, next_label, lse
 
@@ -252,12 +264,12 @@ def _forward_backward(log_blank, log_label, logit_lengths, label_lengths):
     return alpha, beta, blank_d, label_d, terminal, log_prob
 
 
-def _rnnt_loss_with_grad(logits, labels, logit_lengths, label_lengths, blank, fused):
+def _rnnt_loss_with_grad(logits, labels, logit_lengths, label_lengths, blank, fused, delay):
     @tf.custom_gradient
     def core(logits):
         # stop_gradient: the tape must not differentiate through the compiled forward.
         x = tf.stop_gradient(logits)
-        saved = _forward(x, labels, logit_lengths, label_lengths, blank, fused)
+        saved = _forward(x, labels, logit_lengths, label_lengths, blank, fused, delay)
 
         def grad(upstream):
             return _backward(x, upstream, saved, blank, fused)
@@ -280,10 +292,10 @@ class _Lattice(NamedTuple):
     terminal: tf.Tensor  # [T+U, B, U+1] bool
 
 
-def _forward(logits, labels, logit_lengths, label_lengths, blank, fused):
+def _forward(logits, labels, logit_lengths, label_lengths, blank, fused, delay=0.0):
     x = tf.cast(logits, tf.float32)
     log_blank, log_label, next_label, lse = _emission_log_probs(
-        x, labels, logit_lengths, label_lengths, blank, fused
+        x, labels, logit_lengths, label_lengths, blank, fused, delay
     )
     alpha, beta, blank_d, label_d, terminal, log_prob = _forward_backward(
         log_blank, log_label, logit_lengths, label_lengths

@@ -50,10 +50,14 @@ class TransducerTask(AccumulatingModel):
             losses = fused_joint_rnnt_loss(
                 enc_h, pred_h, out.kernel, out.bias, labels, encoder_lengths, label_lengths,
                 blank=BLANK_ID, chunk_bytes=int(config.joint_chunk_mb * 2**20),
+                delay_penalty=config.delay_penalty,
             )  # fmt: skip
         else:
             logits = network.join(encoded, predicted)
-            losses = rnnt_loss(logits, labels, encoder_lengths, label_lengths, blank=BLANK_ID)
+            losses = rnnt_loss(
+                logits, labels, encoder_lengths, label_lengths, blank=BLANK_ID,
+                delay_penalty=config.delay_penalty,
+            )  # fmt: skip
         if config.normalize_by == "tokens":
             count = tf.reduce_sum(label_lengths)
         else:

@@ -10,11 +10,12 @@ def log_softmax(x):
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def brute_force_loss(logits, labels, frames, n_labels, blank, fused=True):
+def brute_force_loss(logits, labels, frames, n_labels, blank, fused=True, delay_penalty=0.0):
     """-log P(y|x) by summing over every alignment (tiny shapes only).
 
     An alignment is a sequence of T blanks and U labels whose last symbol is a blank;
-    walking it visits lattice cells (t, u), emitting blank (t+1) or label (u+1).
+    walking it visits lattice cells (t, u), emitting blank (t+1) or label (u+1). With
+    `delay_penalty` λ, each label emitted at frame t adds λ·((T−1)/2 − t) to the path's score.
     """
     lp = log_softmax(np.asarray(logits, np.float64)) if fused else np.asarray(logits, np.float64)
     y = list(labels[:n_labels])
@@ -24,7 +25,7 @@ def brute_force_loss(logits, labels, frames, n_labels, blank, fused=True):
         score = 0.0
         for step in range(frames + n_labels - 1):
             if step in label_steps:
-                score += lp[t, u, y[u]]
+                score += lp[t, u, y[u]] + delay_penalty * ((frames - 1) / 2 - t)
                 u += 1
             else:
                 score += lp[t, u, blank]

@@ -59,6 +59,24 @@ def test_fused_equals_joint_then_loss(vocab, chunk):
     assert not np.any(got[1].numpy()[2, 1:])
 
 
+def test_fused_with_a_delay_penalty_equals_joint_then_loss():
+    case = _case(seed=5, vocab=64)
+
+    def plain(enc, pred, kernel, bias, labels, frame_lengths, label_lengths):
+        logits = tf.matmul(tf.tanh(enc[:, :, None] + pred[:, None]), kernel) + bias
+        return rnnt_loss(logits, labels, frame_lengths, label_lengths, delay_penalty=0.1)
+
+    def fused(*args):
+        return fused_joint_rnnt_loss(*args, chunk_frames=4, delay_penalty=0.1)
+
+    want_losses, want = _losses_and_grads(plain, *case)
+    losses, got = _losses_and_grads(fused, *case)
+    unpenalized, _ = _losses_and_grads(_plain, *case)
+    assert abs(float(losses[0] - unpenalized[0])) > 1e-3
+    np.testing.assert_allclose(losses.numpy(), want_losses.numpy(), rtol=1e-5)
+    _assert_grads_close(got, want, rtol=1e-5)
+
+
 def test_a_small_budget_means_many_chunks_and_the_same_result():
     case = _case(seed=3, vocab=64)
     want_losses, want = _losses_and_grads(_plain, *case)

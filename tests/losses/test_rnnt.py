@@ -113,6 +113,42 @@ def test_gradient_matches_finite_differences_of_brute_force(fused):
     np.testing.assert_allclose(grad[0], numeric, atol=2e-5)
 
 
+@pytest.mark.parametrize("penalty", [0.05, 0.5])
+def test_delay_penalty_matches_brute_force_and_its_finite_differences(penalty):
+    """k2's delay-penalized lattice: each label at frame t scores λ·((T_b−1)/2 − t) more
+    (T_b the utterance's own frames); loss and gradient against the enumeration."""
+    rng = np.random.default_rng(11)
+    logits, labels, logit_lengths, label_lengths = random_case(
+        rng, batch=3, frames=4, max_u=3, vocab=5, blank=0
+    )
+
+    def penalized(x, y, xl, yl):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            losses = rnnt_loss(x, y, xl, yl, blank=0, delay_penalty=penalty)
+            total = tf.reduce_sum(losses)
+        return losses, tape.gradient(total, x)
+
+    losses, grad = (v.numpy() for v in penalized(
+        tf.constant(logits), tf.constant(labels), logit_lengths, label_lengths
+    ))  # fmt: skip
+    plain, _ = loss_and_grad(logits, labels, logit_lengths, label_lengths)
+    changed = np.abs(losses - plain) > 1e-4
+    assert np.array_equal(changed, (label_lengths > 0) & (logit_lengths > 1))  # labels, T > 1
+    for b in range(3):
+        args = (labels[b], logit_lengths[b], label_lengths[b], 0, True, penalty)
+        np.testing.assert_allclose(losses[b], brute_force_loss(logits[b], *args), rtol=2e-6)
+    b, x, eps = 0, logits[0].astype(np.float64), 1e-6
+    args = (labels[b], logit_lengths[b], label_lengths[b], 0, True, penalty)
+    numeric = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        plus, minus = x.copy(), x.copy()
+        plus[idx] += eps
+        minus[idx] -= eps
+        numeric[idx] = (brute_force_loss(plus, *args) - brute_force_loss(minus, *args)) / (2 * eps)
+    np.testing.assert_allclose(grad[0], numeric, atol=3e-5)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),

@@ -361,6 +361,13 @@ def test_verify_accumulation_passes_with_the_pruned_loss(workdir):
     assert report.passed and report.max_relative_difference < 1e-5
 
 
+def test_verify_accumulation_passes_with_a_delay_penalty(workdir):
+    """The penalty is centred on each utterance's own frames, so micro-batches padded to
+    different lengths still make their union's update."""
+    report = _verify(workdir, "model.delay_penalty=0.05")
+    assert report.passed and report.max_relative_difference < 1e-5
+
+
 @pytest.mark.slow
 def test_verify_accumulation_catches_batch_norm(workdir):
     # BatchNorm normalises each micro-batch with its own statistics: not the union's update.
