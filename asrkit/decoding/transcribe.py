@@ -21,7 +21,7 @@ from asrkit.config import ExperimentConfig
 from asrkit.decoding.long_audio import Window, Windowing, join_words, plan_windows
 from asrkit.decoding.runner import by_budget, featurise_samples
 from asrkit.decoding.search import DEFAULT_OPTIONS, Hypothesis, decode_nbest
-from asrkit.decoding.words import Alignment, FrameClock, Word, align
+from asrkit.decoding.words import Alignment, FrameClock, Word, align, row_words
 from asrkit.errors import InputError
 from asrkit.features import normalizer_for
 from asrkit.tokenizer import Tokenizer
@@ -108,18 +108,10 @@ class SavedModelRecogniser:
         out = {key: value.numpy() for key, value in out.items()}
         decoded = []
         for row in range(len(waveforms)):
-            n, w = int(out["token_counts"][row]), int(out["word_counts"][row])
+            n = int(out["token_counts"][row])
             times = out["token_times"][row, :n]
             frames = np.rint((times - self.clock.offset) / self.clock.period).astype(int)
-            words = [
-                Word(
-                    out["words"][row, i].decode(),
-                    float(out["word_starts"][row, i]),
-                    float(out["word_ends"][row, i]),
-                    float(out["word_confidence"][row, i]),
-                )
-                for i in range(w)
-            ]
+            words = row_words(out, row)
             best = Hypothesis(
                 out["tokens"][row, :n].tolist(),
                 frames.tolist(),

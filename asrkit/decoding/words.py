@@ -145,17 +145,19 @@ def align(hypotheses, pieces: list[str], clock: FrameClock) -> list[Alignment]:
     )
     found = {key: value.numpy() for key, value in found.items()}
     return [
-        Alignment(
-            words=[
-                Word(
-                    found["words"][row, i].decode(),
-                    float(found["word_starts"][row, i]),
-                    float(found["word_ends"][row, i]),
-                    float(found["word_confidence"][row, i]),
-                )
-                for i in range(found["word_counts"][row])
-            ],
-            token_words=found["token_words"][row, : len(h.tokens)].tolist(),
-        )
+        Alignment(row_words(found, row), found["token_words"][row, : len(h.tokens)].tolist())
         for row, h in enumerate(hypotheses)
+    ]
+
+
+def row_words(found: dict, row: int) -> list[Word]:
+    """The words of one row of `timed_words`' output (NumPy arrays; also an export's)."""
+    return [
+        Word(
+            found["words"][row, i].decode(),
+            float(found["word_starts"][row, i]),
+            float(found["word_ends"][row, i]),
+            float(found["word_confidence"][row, i]),
+        )
+        for i in range(int(found["word_counts"][row]))
     ]
