@@ -48,9 +48,6 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--nbest must be >= 0, got {args.nbest}")
     if args.format == "srt" and len(args.files) > 1 and not args.out_dir:
         raise InputError("--format srt with several files needs --out-dir (one .srt each)")
-    missing = [f for f in args.files if not Path(f).is_file()]
-    if missing:
-        raise InputError(f"no such audio file: {missing[0]}")
     try:
         windowing = Windowing(
             max_seconds=args.max_seconds,
@@ -60,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise InputError(f"--max-seconds/--context-seconds: {error}") from None
     recognise = _model_recogniser(args) if args.model else _experiment_recogniser(args)
+    missing = [f for f in args.files if not Path(f).is_file()]
+    if missing:
+        raise InputError(f"no such audio file: {missing[0]}")
     found = transcribe_files(recognise, args.files, windowing=windowing)
     render = {
         "text": formats.as_text,

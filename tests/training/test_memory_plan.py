@@ -174,7 +174,8 @@ def test_a_budget_below_one_utterance_names_the_bucket(corpus, monkeypatch):
 def made_plan(corpus, config, budget_utterances=3):
     _, frames, tokens = shard_counts(config.data.train_shards)
     meter = FakeMeter()
-    budget = meter.expected(budget_utterances, 399, 24)
+    # About `budget_utterances` of the corpus' longest utterance (its most tokens, padded).
+    budget = meter.expected(budget_utterances, int(frames.max()), -(-int(tokens.max()) // 8) * 8)
     plan = plan_memory(config, frames, tokens, meter, budget, margin=0.0, log=lambda *_: None)
     return save_plan(plan, corpus / "plans" / f"plan{budget_utterances}.json"), plan
 
@@ -203,7 +204,7 @@ def test_the_plan_reaches_the_effective_batch_and_counts_the_epoch(corpus, monke
 
 def test_training_with_a_plan_is_exact_and_uses_its_sizes(corpus, monkeypatch):
     monkeypatch.chdir(corpus)
-    path, plan = made_plan(corpus, config_in(corpus), budget_utterances=2)
+    path, plan = made_plan(corpus, config_in(corpus), budget_utterances=3)
     config = config_in(corpus, f"data.plan={path}")
     boundaries, sizes = micro_batch_plan(config, *shard_counts(config.data.train_shards)[1:])
     assert (boundaries, sizes) == plan.sizes()
