@@ -181,8 +181,19 @@ def test_transcribe_cli_with_an_export_and_an_experiment(experiment, tmp_path):
     assert " ".join(c.splitlines()[2] for c in cues) == model_json[0]["text"]
     assert re.fullmatch(r"\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}", cues[0].splitlines()[1])
 
+    written = subprocess.run(
+        [asrkit, "transcribe", *paths[:2], "--model", str(out), "--format", "srt",
+         "--out-dir", str(tmp_path / "subs")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert written.returncode == 0, written.stderr[-2000:]
+    subs = sorted((tmp_path / "subs").glob("*.srt"))
+    assert [p.stem for p in subs] == sorted(Path(p).stem for p in paths[:2])
+    assert subs[0].read_text().startswith("1\n")
+
     for wrong, says in [
         (["--format", "srt", *paths], "--out-dir"),
+        (["--out-dir", str(tmp_path / "o"), paths[0], paths[0]], "rename one"),
         (["--nbest", "-1", paths[0]], "--nbest"),
         (["--max-seconds", "0", paths[0]], "--max-seconds"),
         ([str(tmp_path / "missing.flac")], "missing.flac"),

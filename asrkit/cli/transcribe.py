@@ -48,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--nbest must be >= 0, got {args.nbest}")
     if args.format == "srt" and len(args.files) > 1 and not args.out_dir:
         raise InputError("--format srt with several files needs --out-dir (one .srt each)")
+    stems = [Path(f).stem for f in args.files]
+    if args.out_dir and len(set(stems)) < len(stems):
+        twice = next(s for s in stems if stems.count(s) > 1)
+        raise InputError(f"--out-dir: two files would both write {twice}.*; rename one")
     try:
         windowing = Windowing(
             max_seconds=args.max_seconds,
