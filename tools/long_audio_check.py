@@ -1,6 +1,7 @@
 """Long files with a trained model: each utterance repeated K times with a pause between
 the copies (`--gap-seconds` of faint noise: the synthetic corpus' utterances start and end
-on speech, where a recording has pauses), transcribed in windows (cut at quiet points,
+on speech, where a recording has pauses; see recipes/mini/README.md on what a model
+trained without pauses does with them), transcribed in windows (cut at quiet points,
 joined by time), against the utterance's own words repeated K times.
 
 A window always holds at least one whole copy (windows of 1.3 copies, search over the last

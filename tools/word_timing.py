@@ -24,13 +24,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-import soundfile
 
 
 def reference_words(corpus: Path, preset: str, seed: int, part: str):
     """[(audio path, voice name, [(start seconds, WORD)])] for the part's eSpeak utterances."""
-    from asrkit.audio import SAMPLE_RATE
-    from asrkit.data.synthetic import PRESETS, pauses, plan_corpus
+    from asrkit.data.synthetic import PRESETS, plan_corpus
     from asrkit.data.tts import available_voices, espeak_word_starts
 
     _, jobs, _ = plan_corpus(corpus, PRESETS[preset], seed, available_voices(), -60.0)
@@ -38,17 +36,11 @@ def reference_words(corpus: Path, preset: str, seed: int, part: str):
     for job in jobs:
         if Path(job.path).relative_to(corpus).parts[0] != part or job.voice.engine != "espeak":
             continue
-        samples, events = espeak_word_starts(
-            job.voice, job.text.lower(), job.rate, job.pitch, job.seed
-        )
+        _, events = espeak_word_starts(job.voice, job.text.lower(), job.rate, job.pitch, job.seed)
         words = job.text.split()
         if len(events) != len(words) or not Path(job.path).is_file():
             continue  # eSpeak split the text otherwise (rare); no reference
-        # Corpora made since utterances have pauses around them: find out from the length.
-        lead, trail = pauses(job.seed)
-        padded = soundfile.info(job.path).frames - len(samples) > (lead + trail) / 2
-        lead = lead / SAMPLE_RATE if padded else 0.0
-        starts = [(lead + t, w) for (t, _), w in zip(events, words, strict=True)]
+        starts = [(t, w) for (t, _), w in zip(events, words, strict=True)]
         out.append((job.path, job.voice.name, starts))
     return out
 

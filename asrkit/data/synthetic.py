@@ -71,11 +71,6 @@ def sentence(rng: random.Random) -> str:
     return " ".join(words)
 
 
-# Silence before and after each utterance's speech, uniform in this range (seconds): a
-# model trained without it misreads the start of any audio that begins with a pause.
-PAUSE_SECONDS = (0.05, 0.5)
-
-
 @dataclass(frozen=True)
 class Speaker:
     id: int
@@ -153,21 +148,10 @@ def plan_corpus(
     return speakers, jobs, transcripts
 
 
-def pauses(seed: int) -> tuple[int, int]:
-    """Samples of silence before and after an utterance's speech (from its job's seed)."""
-    rng = np.random.default_rng([seed, 1])
-    low, high = PAUSE_SECONDS
-    lead, trail = rng.uniform(low, high, size=2)
-    return round(lead * SAMPLE_RATE), round(trail * SAMPLE_RATE)
-
-
 def _render(job: _Job) -> float:
     samples = synthesize(job.voice, job.text.lower(), job.rate, job.pitch, job.seed)
     if samples.size == 0:
         raise RuntimeError(f"{job.path}: the TTS engine produced no audio for {job.text!r}")
-    # A recording has pauses around the speech; TTS output starts and ends on it.
-    lead, trail = pauses(job.seed)
-    samples = np.concatenate([np.zeros(lead, np.float32), samples, np.zeros(trail, np.float32)])
     # TTS output has digital silence; a faint noise floor makes it less unlike a recording.
     noise = np.random.default_rng(job.seed).standard_normal(samples.size)
     samples = samples + (10 ** (job.noise_db / 20)) * noise.astype(np.float32)
