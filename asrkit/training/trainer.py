@@ -24,6 +24,7 @@ import shutil
 import signal
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -153,6 +154,18 @@ def process_settings(config: ExperimentConfig):
         keras.mixed_precision.set_dtype_policy(previous)
 
 
+def config_cautions(config: ExperimentConfig) -> list[str]:
+    """Settings that are valid but known to train badly, each with what to do instead."""
+    cautions = []
+    if config.model.loss == "pruned" and config.model.predictor.kind == "lstm":
+        cautions.append(
+            "model.loss=pruned with an LSTM predictor did not train on the mini recipe (test "
+            "WER 74.8 % against 8.3 % with the full loss); pair it with "
+            "model.predictor.kind=stateless, as icefall does"
+        )
+    return cautions
+
+
 def train(
     config: ExperimentConfig,
     exp_dir: str | Path,
@@ -165,6 +178,8 @@ def train(
     changed, unless `new_epoch_order`: then the current epoch starts again in the new order
     (weights, optimizer and update count kept)."""
     start = time.monotonic()
+    for message in config_cautions(config):
+        warnings.warn(message, stacklevel=2)
     with process_settings(config):
         strategy = resolve_strategy(config.train.strategy)
         run = _open_run(config, Path(exp_dir), strategy, log)

@@ -20,7 +20,7 @@ from asrkit.config import load_config
 from asrkit.data.manifest import read_manifest
 from asrkit.data.records import write_shards
 from asrkit.tokenizer import train_tokenizer
-from asrkit.training.trainer import DataPlanChanged, train
+from asrkit.training.trainer import DataPlanChanged, config_cautions, train
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """
@@ -354,6 +354,13 @@ def test_verify_accumulation_passes_on_the_real_transducer(workdir):
     report = _verify(workdir)
     assert report.passed and report.max_relative_difference < 1e-5
     assert len(report.micro_batch_sizes) == 3
+
+
+def test_the_pruned_loss_with_an_lstm_predictor_is_cautioned_against():
+    pruned = ["model.loss=pruned"]
+    assert any("stateless" in c for c in config_cautions(load_config(None, pruned)))
+    stateless = load_config(None, [*pruned, "model.predictor.kind=stateless"])
+    assert config_cautions(stateless) == [] and config_cautions(load_config(None)) == []
 
 
 def test_verify_accumulation_passes_with_the_pruned_loss(workdir):
