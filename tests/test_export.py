@@ -167,9 +167,11 @@ def test_transcribe_cli_with_an_export_and_an_experiment(experiment, tmp_path):
         assert [w["word"] for w in a["words"]] == [w["word"] for w in b["words"]]
         for wa, wb in zip(a["words"], b["words"], strict=True):
             assert wa["start"] == pytest.approx(wb["start"], abs=1e-3)
-            assert 0 < wa["confidence"] <= 1 and wa["end"] > wa["start"]
+            assert 0 < wa["confidence"] <= 1 and wa["end"] >= wa["start"]
         starts = [w["start"] for w in a["words"]]
         assert starts == sorted(starts) and starts[-1] < a["duration"]
+        ends = [w["end"] for w in a["words"]]
+        assert all(e <= s for e, s in zip(ends[:-1], starts[1:], strict=True)) or a["windows"] > 1
 
     srt = subprocess.run(
         [asrkit, "transcribe", paths[0], "--model", str(out), "--format", "srt"],

@@ -24,6 +24,6 @@ def run(args: argparse.Namespace) -> int:
     symbols = load_experiment_config(args.exp_dir).decode.max_symbols_per_step
     options = search_options(args, symbols)
     out = export_model(args.exp_dir, args.out, args.checkpoint, args.average, options)
-    print(f"SavedModel -> {out} (serving_default: waveform -> text, tokens, score; "
-          f"{describe(options)})")  # fmt: skip
+    print(f"SavedModel -> {out} (serving_default: one waveform, serve_batch: [N, S] + lengths "
+          f"-> text, timed words, n-best; {describe(options)})")  # fmt: skip
     return 0

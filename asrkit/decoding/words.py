@@ -11,7 +11,9 @@ after it began (measured by `tools/word_timing.py`).
 Words. A word starts at a piece that begins with a word boundary ("▁", a space in
 `Tokenizer.surface_pieces`), unless the piece before it was a bare boundary (which then
 began the word), and at the first token. A word's start is its first token's time, its end
-the last token's time plus one frame period, and its confidence the lowest posterior
+the last token's time plus one frame period — but no later than the next word's start, so
+words never overlap (tokens of two words emitted at one frame end the first word at its
+last token's time) — and its confidence the lowest posterior
 probability among its tokens (the joint's probability of the token where it was emitted):
 one unsure piece makes an unsure word. Words whose text is empty are dropped, so joining
 the words with spaces gives exactly the hypothesis' text.
@@ -107,10 +109,15 @@ def timed_words(tokens, frames, token_log_probs, counts, pieces, clock: FrameClo
         packed = tf.gather(tf.reshape(values, [batch, slots]), take, batch_dims=1)
         return tf.where(filled, packed, empty)
 
+    starts = pack(clock.seconds(first), 0.0)
+    last_times = pack(clock.seconds(last), 0.0)
+    next_starts = tf.concat([starts[:, 1:], tf.fill([batch, 1], float("inf"))], axis=1)
+    next_starts = tf.where(tf.range(width)[None, :] + 1 < word_counts[:, None], next_starts, 1e30)
+    ends = tf.maximum(tf.minimum(last_times + clock.period, next_starts), last_times)
     return {
         "words": pack(text, ""),
-        "word_starts": pack(clock.seconds(first), 0.0),
-        "word_ends": pack(clock.seconds(last) + clock.period, 0.0),
+        "word_starts": starts,
+        "word_ends": tf.where(filled, ends, 0.0),
         "word_confidence": pack(tf.exp(lowest), 0.0),
         "word_counts": word_counts,
         "token_words": tf.where(valid & token_kept, token_word, -1),

@@ -30,12 +30,21 @@ def python_words(tokens, frames, log_probs, clock):
             words[-1][0] += piece
             words[-1][2] = frame
             words[-1][3] = min(words[-1][3], log_prob)
-    return [
+    kept = [
         (" ".join(text.split()).upper(), clock.offset + first * clock.period,
-         clock.offset + (last + 1) * clock.period, math.exp(low))
+         clock.offset + last * clock.period, math.exp(low))
         for text, first, last, low in words
         if text.strip()
     ]  # fmt: skip
+    # A word ends one frame after its last token, but not after the next word starts (nor
+    # before its own last token).
+    out = []
+    for i, (text, start, last_time, confidence) in enumerate(kept):
+        end = last_time + clock.period
+        if i + 1 < len(kept):
+            end = max(min(end, kept[i + 1][1]), last_time)
+        out.append((text, start, end, confidence))
+    return out
 
 
 def test_timed_words_equal_a_plain_python_grouping():
