@@ -50,8 +50,8 @@ def decode_batch(
     model, features, feature_lengths, tokenizer=None, options: DecodeOptions | None = None
 ) -> list[Hypothesis]:
     """features [B, T, F], feature_lengths [B] -> the best `Hypothesis` of each utterance."""
-    found = decode_nbest(model, features, feature_lengths, tokenizer, options)
-    return [hypotheses[0] for hypotheses in found]
+    found = _search(model, features, feature_lengths, options)
+    return [hypotheses[0] for hypotheses in _hypotheses(found, tokenizer, limit=1)]
 
 
 def decode_nbest(
@@ -59,16 +59,24 @@ def decode_nbest(
 ) -> list[list[Hypothesis]]:
     """features [B, T, F], feature_lengths [B] -> each utterance's hypotheses, best first
     (beam search: up to `options.beam`, empty beam slots left out; greedy: one)."""
-    options = options or DEFAULT_OPTIONS
-    found = _compiled(model, options)(
+    found = _search(model, features, feature_lengths, options)
+    return _hypotheses(found, tokenizer, limit=None)
+
+
+def _search(model, features, feature_lengths, options: DecodeOptions | None) -> Found:
+    return _compiled(model, options or DEFAULT_OPTIONS)(
         tf.convert_to_tensor(features, tf.float32), tf.convert_to_tensor(feature_lengths, tf.int32)
     )
+
+
+def _hypotheses(found: Found, tokenizer, limit: int | None) -> list[list[Hypothesis]]:
+    """Each row's live hypotheses (at most `limit`, best first) as `Hypothesis` objects."""
     alive = live_slots(found.scores).numpy()
     tokens, frames, log_probs, counts, scores = (x.numpy() for x in found)
     out = []
     for row in range(counts.shape[0]):
         hyps = []
-        for k in np.flatnonzero(alive[row]):
+        for k in np.flatnonzero(alive[row])[:limit]:
             n = int(counts[row, k])
             ids = tokens[row, k, :n].tolist()
             text = tokenizer.decode(ids) if tokenizer is not None else ""

@@ -111,8 +111,8 @@ def timed_words(tokens, frames, token_log_probs, counts, pieces, clock: FrameClo
 
     starts = pack(clock.seconds(first), 0.0)
     last_times = pack(clock.seconds(last), 0.0)
-    next_starts = tf.concat([starts[:, 1:], tf.fill([batch, 1], float("inf"))], axis=1)
-    next_starts = tf.where(tf.range(width)[None, :] + 1 < word_counts[:, None], next_starts, 1e30)
+    has_next = tf.range(width)[None, :] + 1 < word_counts[:, None]
+    next_starts = tf.where(has_next, tf.pad(starts[:, 1:], [[0, 0], [0, 1]]), float("inf"))
     ends = tf.maximum(tf.minimum(last_times + clock.period, next_starts), last_times)
     return {
         "words": pack(text, ""),
