@@ -9,9 +9,11 @@ Both return, per utterance, "text", "tokens" (int32, -1 past "token_counts"),
 the words ("words", "word_starts", "word_ends", "word_confidence", "word_counts"; see
 `asrkit.decoding.words` for the definitions) and the n-best list ("nbest_texts",
 "nbest_scores", "nbest_counts": the beam, best first; one entry for greedy search).
-`serving_default` returns them without the batch axis. Features (log-mel + the training
-set's mean/variance), the encoder, the search and detokenisation are all TensorFlow ops, so
-`tf.saved_model.load(dir)` serves it with TensorFlow alone — asrkit need not be installed.
+`serving_default` returns them without the batch axis and without padding (tokens end at
+`token_counts`, the n-best at `nbest_counts`), as before `serve_batch` existed. Features
+(log-mel + the training set's mean/variance), the encoder, the search and detokenisation
+are all TensorFlow ops, so `tf.saved_model.load(dir)` serves it with TensorFlow alone —
+asrkit need not be installed.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from asrkit.features import MIN_FEATURE_FRAMES, log_mel, num_frames
 
 OUTPUTS = {
     "text": "string",
-    "tokens": "int32 [M] (-1 past token_counts)",
+    "tokens": "int32 [M] (serve_batch: -1 past token_counts)",
     "token_counts": "int32",
     "token_times": "float32 [M], seconds",
     "score": "float32, log-probability of the best hypothesis",
@@ -41,7 +43,7 @@ OUTPUTS = {
     "word_confidence": "float32 [W], the lowest posterior of the word's tokens",
     "word_counts": "int32",
     "token_words": "int32 [M], the word each token belongs to (-1: none)",
-    "nbest_texts": "string [K], best first ('' past nbest_counts)",
+    "nbest_texts": "string [K], best first (serve_batch: '' past nbest_counts)",
     "nbest_scores": "float32 [K], log-probabilities",
     "nbest_counts": "int32",
 }
@@ -94,8 +96,16 @@ def export_model(
 
     def transcribe(waveform):
         length = tf.shape(waveform)[0]
-        result = transcribe_batch(waveform[None], length[None])
-        return {key: value[0] for key, value in result.items()}
+        one = {
+            key: value[0] for key, value in transcribe_batch(waveform[None], length[None]).items()
+        }
+        # One utterance needs no padding: per-token and n-best outputs end at their counts
+        # (the words already do: their width is this row's count).
+        for key in ("tokens", "token_times", "token_words"):
+            one[key] = one[key][: one["token_counts"]]
+        for key in ("nbest_texts", "nbest_scores"):
+            one[key] = one[key][: one["nbest_counts"]]
+        return one
 
     out = Path(out)
     archive = keras.export.ExportArchive()

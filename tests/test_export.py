@@ -241,6 +241,12 @@ def test_exported_beam_search_matches_beam_decoding(experiment, tmp_path):
         assert sorted(result["nbest_scores"].numpy()[: len(nbest)], reverse=True) == list(
             result["nbest_scores"].numpy()[: len(nbest)]
         )
+    # Shorter than one encoder frame: no tokens, one (empty) hypothesis; a single call's
+    # outputs end at their counts (no -1 or '' padding).
+    tiny = serve(waveform=tf.constant(np.zeros(400, np.float32)))
+    assert int(tiny["token_counts"]) == 0 and tiny["tokens"].numpy().tolist() == []
+    assert tiny["token_times"].numpy().tolist() == [] and tiny["text"].numpy() == b""
+    assert int(tiny["nbest_counts"]) == 1 and tiny["nbest_texts"].numpy().tolist() == [b""]
 
 
 def _by_path(transcripts):
