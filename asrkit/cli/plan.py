@@ -36,8 +36,9 @@ def register(subparsers) -> None:
                       help="device memory budget, e.g. 12GiB (default: the device's)")  # fmt: skip
     plan.add_argument("--device", help="where to measure, e.g. GPU:0 or CPU:0 (default: GPU:0 "
                       "if there is one)")  # fmt: skip
-    plan.add_argument("--margin", type=_fraction, default=0.1,
-                      help="fraction of the budget kept free (default 0.1)")  # fmt: skip
+    plan.add_argument("--margin", type=_fraction,
+                      help="fraction of the budget kept free (default 0.15: a step's peak "
+                      "depends on the shapes run before it by up to ~15 %%)")  # fmt: skip
     plan.add_argument("--no-emulate", action="store_true",
                       help="GPU: measure with the whole card instead of a logical device "
                       "limited to --memory")  # fmt: skip
@@ -51,12 +52,11 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.data.batch_plan import save_plan
     from asrkit.experiment import PLAN_FILE
     from asrkit.sizes import format_bytes
-    from asrkit.training.memory_plan import plan_training
+    from asrkit.training.memory_plan import DEFAULT_MARGIN, plan_training
 
     config = load_config(args.config, args.overrides)
-    plan, summary = plan_training(
-        config, args.memory, args.device, args.margin, not args.no_emulate
-    )
+    margin = DEFAULT_MARGIN if args.margin is None else args.margin
+    plan, summary = plan_training(config, args.memory, args.device, margin, not args.no_emulate)
     path = save_plan(plan, Path(args.exp_dir) / PLAN_FILE)
     step = plan.frame_step_seconds
     print(f"\nplan for {plan.device}, {format_bytes(plan.usable_bytes)} usable "

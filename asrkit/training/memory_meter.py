@@ -8,7 +8,13 @@ what was allocated before it (so weights, slots and buffers are included). A chi
 the CPU's BFC allocator (whose statistics are the ones a GPU's allocator keeps) must be
 chosen before TensorFlow starts; a GPU can be given a smaller logical memory limit there to
 emulate a smaller card; and an out-of-memory error cannot leave the caller's process in a
-bad state. One op runs at a time in the child, so a shape's peak is the same every run.
+bad state.
+
+A shape's peak is not one number: it moves by up to ~15 % either way with the shapes
+measured before it and between processes (measured on a small Conformer, one op at a time):
+the allocator counts a chunk whole even when the request is up to half smaller, and which
+free chunks exist depends on what ran before. Training runs its shapes in mixed order, so
+the same holds there; that is what the plan's safety margin is for.
 
 Protocol: the parent writes one JSON request per line ({"utterances", "frames", "tokens"});
 the child answers one line per request, prefixed with `RESULT `: {"peak": bytes} or
