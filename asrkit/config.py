@@ -127,9 +127,15 @@ class ModelConfig:
     # in the training loss, so the model learns to emit earlier (better word times and
     # latency, at some WER); 0 = the plain RNN-T loss. Full loss only.
     delay_penalty: float = 0.0
+    # Auxiliary CTC loss on the encoder (a linear head to the vocabulary, blank shared):
+    # each utterance's loss is its RNN-T loss + ctc_weight × its CTC loss. 0 = none (and no
+    # head). Training only: decoding, export and the dev WER use the transducer.
+    ctc_weight: float = 0.0
 
     def __post_init__(self):
         _at_least(self, "model", joint_dim=1, prune_range=2, loss_warmup_updates=0)
+        if self.ctc_weight < 0:
+            raise ValueError(f"model.ctc_weight must be >= 0, got {self.ctc_weight}")
         if self.loss not in LOSSES:
             raise ValueError(f"model.loss must be one of {LOSSES}, got {self.loss!r}")
         for key in ("simple_loss_scale", "lm_only_scale", "am_only_scale"):

@@ -34,6 +34,7 @@ def test_defaults_and_overrides(tmp_path):
         ("data: 3\n", "section 'data' must be a mapping"),
         ("model:\n  delay_penalty: -0.1\n", "model.delay_penalty must be >= 0"),
         ("model:\n  loss: pruned\n  delay_penalty: 0.01\n", "with model.loss=full only"),
+        ("model:\n  ctc_weight: -0.2\n", "model.ctc_weight must be >= 0"),
     ],
 )
 def test_bad_configs_name_the_key_and_section(tmp_path, text, message):

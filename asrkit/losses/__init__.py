@@ -1,11 +1,13 @@
 """Losses: the native TensorFlow RNN-Transducer loss, the joint's output layer fused with
-it (chunked, recomputed in the backward pass), and k2's pruned RNN-T loss."""
+it (chunked, recomputed in the backward pass), k2's pruned RNN-T loss and an auxiliary CTC
+loss on the encoder."""
 
+from asrkit.losses.ctc import ctc_losses
 from asrkit.losses.fused import fused_joint_rnnt_loss
 from asrkit.losses.pruned import loss_scales, prune_ranges, pruned_loss, simple_loss
 from asrkit.losses.rnnt import REDUCTIONS, RNNTLoss, rnnt_loss
 
 __all__ = [
-    "REDUCTIONS", "RNNTLoss", "fused_joint_rnnt_loss", "loss_scales", "prune_ranges",
+    "REDUCTIONS", "RNNTLoss", "ctc_losses", "fused_joint_rnnt_loss", "loss_scales", "prune_ranges",
     "pruned_loss", "rnnt_loss", "simple_loss",
 ]  # fmt: skip

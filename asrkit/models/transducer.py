@@ -47,6 +47,10 @@ class Transducer(keras.Model):
         self.joint = Joint(vocab_size, config.joint_dim, name="joint")
         # Only the pruned loss trains (and so the network carries) the trivial joiner.
         self.simple = SimpleJoiner(vocab_size, name="simple") if config.loss == "pruned" else None
+        # Only an auxiliary CTC loss trains (and so the network carries) a CTC head.
+        self.ctc_head = (
+            keras.layers.Dense(vocab_size, name="ctc_head") if config.ctc_weight > 0 else None
+        )
 
     def build(self, *args, **kwargs):
         # Made only of sub-layers, which build themselves on their first call.
@@ -78,6 +82,8 @@ class Transducer(keras.Model):
         self.join(encoded, predicted)
         if self.simple is not None:
             self.simple(encoded, predicted)
+        if self.ctc_head is not None:
+            self.ctc_head(encoded)
         self.built = True
 
     def get_config(self):

@@ -1,7 +1,8 @@
 """The training *task* around a transducer network: the RNN-T loss and the accumulation
 engine (keras-hub's Task around a Backbone).
 
-`compute_loss_terms` returns (Σ per-utterance RNN-T losses, count) with the count set by
+`compute_loss_terms` returns (Σ per-utterance losses, count) — each utterance's RNN-T loss
+(full, fused or pruned) plus `model.ctc_weight` × its CTC loss — with the count set by
 `model.normalize_by`: tokens (Σ label_lengths) or utterances. `fit` on the task is the
 user's training API; `task.network` is what decoding, export and fine-tuning use.
 """
@@ -12,6 +13,7 @@ import keras
 import tensorflow as tf
 
 from asrkit.losses import (
+    ctc_losses,
     fused_joint_rnnt_loss,
     loss_scales,
     prune_ranges,
@@ -58,6 +60,11 @@ class TransducerTask(AccumulatingModel):
                 logits, labels, encoder_lengths, label_lengths, blank=BLANK_ID,
                 delay_penalty=config.delay_penalty,
             )  # fmt: skip
+        if network.ctc_head is not None:
+            ctc = ctc_losses(
+                network.ctc_head(encoded), labels, encoder_lengths, label_lengths, BLANK_ID
+            )
+            losses = losses + config.ctc_weight * ctc
         if config.normalize_by == "tokens":
             count = tf.reduce_sum(label_lengths)
         else:

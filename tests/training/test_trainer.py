@@ -506,3 +506,8 @@ def test_two_worker_training_equals_one_process_with_the_same_global_batches(wor
     _assert_model_weights_close(got, want, rtol=1e-3, atol=1e-5)
     iterations = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
     assert int(got[iterations]) == int(want[iterations]) > 0
+
+
+def test_verify_accumulation_passes_with_an_auxiliary_ctc_loss(workdir):
+    report = _verify(workdir, "model.ctc_weight=0.5")
+    assert report.passed and report.max_relative_difference < 1e-5

@@ -1,0 +1,41 @@
+"""The training task's loss terms: the auxiliary CTC loss adds exactly `ctc_weight` × the
+CTC loss of its head's logits to each utterance, and only a network trained with it carries
+the head."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from asrkit.losses import ctc_losses
+from asrkit.models.transducer import Transducer
+from asrkit.training.task import TransducerTask
+from tests.tiny import tiny_model_config
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_auxiliary_ctc_adds_its_weighted_loss_to_each_utterance(fused):
+    rng = np.random.default_rng(3)
+    batch = (rng.standard_normal((3, 64, 80)).astype(np.float32), np.array([64, 40, 28]),
+             np.array([[1, 2, 2, 4], [5, 6, 0, 0], [7, 0, 0, 0]], np.int32),
+             np.array([4, 2, 1]))  # fmt: skip
+    plain_config = dataclasses.replace(tiny_model_config(), fused_joint_loss=fused)
+    keras.utils.set_random_seed(0)
+    plain = TransducerTask(Transducer(9, plain_config))
+    with_ctc = TransducerTask(Transducer(9, dataclasses.replace(plain_config, ctc_weight=0.4)))
+    for task in (plain, with_ctc):
+        task.network.build_from_features(80)
+    with_ctc.network.set_weights(
+        plain.network.get_weights() + with_ctc.network.ctc_head.get_weights()
+    )
+    assert plain.network.ctc_head is None
+    assert len(with_ctc.network.weights) == len(plain.network.weights) + 2
+    base, count = plain.compute_loss_terms(batch, training=False)
+    total, same_count = with_ctc.compute_loss_terms(batch, training=False)
+    encoded, lengths = with_ctc.network.encode(batch[0], batch[1])
+    ctc = ctc_losses(with_ctc.network.ctc_head(encoded), batch[2], lengths, batch[3])
+    assert int(count) == int(same_count) == 7
+    assert float(tf.reduce_sum(ctc)) > 0
+    assert float(total) == pytest.approx(float(base) + 0.4 * float(tf.reduce_sum(ctc)), rel=1e-5)
