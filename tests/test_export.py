@@ -251,3 +251,47 @@ def test_exported_beam_search_matches_beam_decoding(experiment, tmp_path):
 
 def _by_path(transcripts):
     return {t.path: t.hypothesis for t in transcripts}
+
+
+def test_streaming_transcription_equals_whole_file_greedy(experiment, tmp_path):
+    """`asrkit transcribe --streaming` (0.13 s pieces, from another directory): the same
+    JSON as greedy search on each whole file, the text so far on stderr as it grows."""
+    import soundfile
+
+    _, exp, utts = experiment
+    asrkit = Path(sys.executable).parent / "asrkit"
+    long_file = tmp_path / "three.wav"
+    soundfile.write(long_file, np.concatenate([read_audio(u.audio_path) for u in utts[:3]]),
+                    16000)  # fmt: skip
+    paths = [utts[1].audio_path, str(long_file)]
+    runs = {}
+    for extra in (["--streaming", "--chunk-seconds", "0.13"], ["--max-seconds", "1000"]):
+        run = subprocess.run(
+            [asrkit, "transcribe", *paths, "--exp-dir", str(exp), "--format", "json", *extra],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        runs[extra[0]] = run
+    streamed = [json.loads(line) for line in runs["--streaming"].stdout.splitlines()]
+    whole = [json.loads(line) for line in runs["--max-seconds"].stdout.splitlines()]
+    assert [s["text"] for s in streamed] == [w["text"] for w in whole]
+    for s, w in zip(streamed, whole, strict=True):
+        assert [x["word"] for x in s["words"]] == [x["word"] for x in w["words"]]
+        for key in ("start", "end", "confidence"):
+            assert [x[key] for x in s["words"]] == pytest.approx([x[key] for x in w["words"]],
+                                                                 abs=1e-3)  # fmt: skip
+    partial = re.findall(r"^(.*) \[\s*([\d.]+) s\] (.*)$", runs["--streaming"].stderr, re.M)
+    for path, result in zip(paths, streamed, strict=True):
+        lines = [(float(at), text) for p, at, text in partial if p == path]
+        if result["text"]:
+            assert lines[-1][1] == result["text"]
+            assert [at for at, _ in lines] == sorted(at for at, _ in lines)
+    for wrong, says in [
+        (["--streaming", "--method", "beam"], "greedily"),
+        (["--streaming", "--chunk-seconds", "0"], "--chunk-seconds"),
+        (["--realtime"], "--streaming"),
+    ]:
+        run = subprocess.run([asrkit, "transcribe", paths[0], "--exp-dir", str(exp), *wrong],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert run.returncode == 2 and says in run.stderr, (wrong, run.stderr[-1000:])
+        assert "Traceback" not in run.stderr

@@ -36,6 +36,15 @@ def register(subparsers) -> None:
     )  # fmt: skip
     transcribe.add_argument("--context-seconds", type=float, default=1.0,
                             help="audio each window also hears on each side (1.0)")  # fmt: skip
+    transcribe.add_argument(
+        "--streaming", action="store_true",
+        help="decode each file as a stream, --chunk-seconds at a time, printing the text so "
+             "far to stderr as it grows (greedy; needs a causal encoder; --exp-dir)",
+    )  # fmt: skip
+    transcribe.add_argument("--chunk-seconds", type=float, default=0.32,
+                            help="--streaming: audio per step (0.32)")  # fmt: skip
+    transcribe.add_argument("--realtime", action="store_true",
+                            help="--streaming: feed a file no faster than it plays")  # fmt: skip
     transcribe.set_defaults(func=run)
 
 
@@ -60,11 +69,18 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise InputError(f"--max-seconds/--context-seconds: {error}") from None
+    if args.streaming:
+        _check_streaming(args)
+    elif args.realtime:
+        raise InputError("--realtime simulates a live stream: use it with --streaming")
     recognise = _model_recogniser(args) if args.model else _experiment_recogniser(args)
     missing = [f for f in args.files if not Path(f).is_file()]
     if missing:
         raise InputError(f"no such audio file: {missing[0]}")
-    found = transcribe_files(recognise, args.files, windowing=windowing)
+    if args.streaming:
+        found = [_stream(recognise, path, args) for path in args.files]
+    else:
+        found = transcribe_files(recognise, args.files, windowing=windowing)
     render = {
         "text": formats.as_text,
         "json": lambda t: formats.as_json(t, args.nbest),
@@ -81,6 +97,26 @@ def run(args: argparse.Namespace) -> int:
         for transcript in found:
             print(render(transcript))
     return 0
+
+
+def _check_streaming(args) -> None:
+    if args.model:
+        raise InputError("--streaming decodes with --exp-dir (a streaming export is not there yet)")
+    if args.method != "greedy":
+        raise InputError("--streaming decodes greedily: drop --method beam")
+    if not args.chunk_seconds > 0:
+        raise InputError(f"--chunk-seconds must be > 0, got {args.chunk_seconds}")
+
+
+def _stream(recognise, path: str, args):
+    import sys
+
+    from asrkit.decoding.transcribe import stream_file
+
+    def show(seconds: float, text: str) -> None:
+        print(f"{path} [{seconds:7.2f} s] {text}", file=sys.stderr, flush=True)
+
+    return stream_file(recognise, path, args.chunk_seconds, args.realtime, show)
 
 
 def _experiment_recogniser(args):

@@ -23,10 +23,28 @@ def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = 3
     log-posterior of that symbol where it was emitted. Runs as a tf.while_loop over frames
     with an inner loop over symbols, so it compiles into one graph.
     """
+    start = greedy_start(model, tf.shape(encoded)[0])
+    found, _ = greedy_continue(model, encoded, encoder_lengths, start, max_symbols_per_step)
+    return found
+
+
+def greedy_start(model, batch):
+    """The search's carry before any frame: (predictor output, predictor state) after blank."""
+    predictor = model.predictor
+    return predictor.step(tf.fill([batch], BLANK_ID), predictor.initial_state(batch))
+
+
+def greedy_continue(
+    model, encoded, encoder_lengths, carry, max_symbols_per_step: int = 3, first_frame=0
+):
+    """Greedy search over `encoded` from a carry (`greedy_start`, or what an earlier call on
+    the frames before returned) -> (`Found`, the carry after these frames). Token frames
+    count from `first_frame`, so a stream decoded piece by piece finds what one call on
+    the whole utterance finds (scores are per call)."""
     batch, frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
     capacity = frames * max_symbols_per_step
     predictor = model.predictor
-    pred_out, state = predictor.step(tf.fill([batch], BLANK_ID), predictor.initial_state(batch))
+    pred_out, state = carry
     tokens = tf.fill([batch, capacity], -1)
     token_frames = tf.fill([batch, capacity], -1)
     token_log_probs = tf.zeros([batch, capacity], tf.float32)
@@ -50,7 +68,7 @@ def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = 3
             rows = tf.boolean_mask(slots, emit)
             tokens = tf.tensor_scatter_nd_update(tokens, rows, tf.boolean_mask(best, emit))
             token_frames = tf.tensor_scatter_nd_update(
-                token_frames, rows, tf.fill([tf.shape(rows)[0]], t)
+                token_frames, rows, tf.fill([tf.shape(rows)[0]], t + first_frame)
             )
             log_ps = tf.tensor_scatter_nd_update(log_ps, rows, tf.boolean_mask(best_log_prob, emit))
             counts += tf.cast(emit, tf.int32)
@@ -74,4 +92,4 @@ def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = 3
         frame_body,
         [0, pred_out, state, tokens, token_frames, token_log_probs, counts, scores],
     )
-    return Found(*result[3:])
+    return Found(*result[3:]), (result[1], result[2])

@@ -10,6 +10,7 @@ and joins each file's windows back by time.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -165,6 +166,46 @@ def transcribe_files(
         text = " ".join(w.text for w in words)
         out.append(Transcript(path, replace(joined, text=text), words, [], duration, len(windows)))
     return out
+
+
+def stream_file(
+    recogniser: NetworkRecogniser,
+    path: str | Path,
+    chunk_seconds: float = 0.32,
+    realtime: bool = False,
+    on_partial=None,
+) -> Transcript:
+    """A file decoded as a stream: `chunk_seconds` of audio at a time through
+    `StreamingDecoder` (greedy; any length, no windows), calling `on_partial(seconds of
+    audio consumed, text so far)` whenever the text grows; `realtime` waits for each chunk
+    as a microphone would. The result equals greedy search on the whole file."""
+    from asrkit.decoding.streaming import StreamingDecoder
+
+    decoder = StreamingDecoder(
+        recogniser.model, recogniser.features, recogniser.normalize,
+        recogniser.options.max_symbols_per_step,
+    )  # fmt: skip
+    rate = recogniser.sample_rate
+    samples = read_audio(str(path), rate)
+    chunk = max(1, round(chunk_seconds * rate))
+    state, shown, started = decoder.initial_state(), "", time.monotonic()
+    for start in range(0, max(len(samples), 1), chunk):
+        if realtime:
+            time.sleep(max(0.0, started + (start + chunk) / rate - time.monotonic()))
+        step = decoder.step(samples[start : start + chunk], state)
+        state = step.state
+        if on_partial is not None and len(step.tokens):
+            text = recogniser.tokenizer.decode(state.tokens.numpy().tolist())
+            if text != shown:
+                on_partial(min(start + chunk, len(samples)) / rate, text)
+                shown = text
+    tokens = state.tokens.numpy().tolist()
+    hypothesis = Hypothesis(
+        tokens, state.token_frames.numpy().tolist(), float(state.score),
+        recogniser.tokenizer.decode(tokens), state.token_log_probs.numpy().tolist(),
+    )  # fmt: skip
+    (alignment,) = align([hypothesis], recogniser.pieces, recogniser.clock)
+    return Transcript(str(path), hypothesis, alignment.words, [hypothesis], len(samples) / rate)
 
 
 def _join_hypotheses(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from asrkit.features import MIN_FEATURE_FRAMES
 from asrkit.models.layers import (
     CompositeLayer,
     block_seeds,
@@ -58,6 +59,32 @@ class LSTMEncoder(CompositeLayer):
             x = maybe_recomputed(run, self.recompute and training)(x)
         return zero_padding(x, lengths), lengths
 
+    def initial_stream_state(self, batch_size) -> list[tuple[tf.Tensor, tf.Tensor]]:
+        """Each LSTM layer's (h, c) before a stream's first frame."""
+        zeros = tf.zeros([batch_size, self.units], self.compute_dtype)
+        return [(zeros, zeros) for _ in self.lstms]
+
+    def stream(self, features, state):
+        """The next piece of streams already encoded up to here: features [B, F, mel] (all
+        real frames, starting at 4 × the encoder frames made so far; F may be < 7) ->
+        (encoder frames [B, encoder_frames(F), units], the state after them). Encoder frame t
+        sees feature frames [4t, 4t + 6] and the LSTMs are causal, so encoding a stream in
+        pieces makes the frames of one call on the whole (inference only: no dropout). The
+        caller keeps the features from 4 × (frames returned) on for the next piece."""
+        batch, frames = tf.shape(features)[0], tf.shape(features)[1]
+        # Too few frames for the convolutions: zero frames after the real ones change only
+        # encoder frames past encoder_frames(F), which are cut off.
+        short = tf.maximum(MIN_FEATURE_FRAMES - frames, 0)
+        features = tf.pad(features, [[0, 0], [0, short], [0, 0]])
+        x, lengths = self.subsampling(features, tf.fill([batch], frames))
+        x = x[:, : lengths[0]]
+        new_state = []
+        for lstm, norm, (h, c) in zip(self.lstms, self.norms, state, strict=True):
+            out, h, c = _run_cell(lstm.cell, x, h, c)
+            x = norm(x + out)
+            new_state.append((h, c))
+        return x, new_state
+
     def get_config(self):
         return {
             **super().get_config(),
@@ -67,3 +94,20 @@ class LSTMEncoder(CompositeLayer):
             "subsampling_filters": self.subsampling_filters,
             "recompute": self.recompute,
         }
+
+
+def _run_cell(cell, x, h, c):
+    """An LSTM cell over x [B, T, D] from (h, c) -> (outputs [B, T, units], h, c)."""
+    steps = tf.shape(x)[1]
+    outputs = tf.zeros([tf.shape(x)[0], 0, cell.units], x.dtype)
+
+    def body(t, h, c, outputs):
+        out, (h, c) = cell(x[:, t], [h, c])
+        return t + 1, h, c, tf.concat([outputs, out[:, None]], axis=1)
+
+    state = tf.TensorShape([None, cell.units])
+    invariants = [tf.TensorShape([]), state, state, tf.TensorShape([None, None, cell.units])]
+    _, h, c, outputs = tf.while_loop(
+        lambda t, *_: t < steps, body, [0, h, c, outputs], shape_invariants=invariants
+    )
+    return outputs, h, c

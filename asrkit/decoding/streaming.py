@@ -1,0 +1,109 @@
+"""Streaming recognition: audio arrives in pieces of any size, tokens leave as soon as the
+encoder frames that emit them exist.
+
+One stream's state is explicit (`StreamState`), so a server can keep many streams and an
+export can pass it in and out: the waveform not yet in a whole feature frame (< 25 ms), the
+normalised feature frames the subsampling still needs (< 7), each encoder layer's recurrent
+state, the greedy search's predictor output and state, the encoder frames decoded so far and
+every token found so far with its frame. Nothing is recomputed and nothing is flushed at the
+end: feature frames, encoder frames and the search depend only on what came before them, so
+feeding a waveform in any pieces finds exactly the tokens (and frames) greedy search finds on
+the whole waveform (tested). That needs a causal encoder: the LSTM encoder is one; a
+Conformer attends to the whole utterance.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from asrkit.config import FeatureConfig
+from asrkit.decoding.greedy import greedy_continue, greedy_start
+from asrkit.decoding.words import SUBSAMPLING
+from asrkit.errors import UserError
+from asrkit.features import encoder_frames, log_mel, num_frames
+
+
+class StreamState(NamedTuple):
+    samples: tf.Tensor  # [S] float32, S < frame_length: waveform not yet in a feature frame
+    features: tf.Tensor  # [F, mel]: normalised frames from 4 × `frames` on
+    encoder: list  # the encoder's recurrent state, [batch 1]
+    carry: tuple  # greedy search: (predictor output, predictor state), [batch 1]
+    frames: tf.Tensor  # scalar int32: encoder frames decoded so far
+    tokens: tf.Tensor  # [N] int32: every token so far
+    token_frames: tf.Tensor  # [N] int32: the encoder frame each was emitted at
+    token_log_probs: tf.Tensor  # [N] float32: each token's log-posterior where emitted
+    score: tf.Tensor  # scalar float32: Σ log-probs of every decision so far
+
+
+class StreamStep(NamedTuple):
+    tokens: tf.Tensor  # [n] int32: the tokens this piece of audio added
+    token_frames: tf.Tensor  # [n] int32
+    state: StreamState
+
+
+class StreamingDecoder:
+    """`decoder.step(samples, state)` for one stream; `decoder.initial_state()` to start."""
+
+    def __init__(self, network, features: FeatureConfig, normalize=None,
+                 max_symbols_per_step: int = 3):  # fmt: skip
+        if not hasattr(network.encoder, "stream"):
+            raise UserError(
+                f"streaming needs a causal encoder (model.encoder.kind=lstm); this model's "
+                f"{type(network.encoder).__name__} attends to the whole utterance"
+            )
+        self.network, self.features, self.normalize = network, features, normalize
+        self.max_symbols_per_step = max_symbols_per_step
+        self._compiled = tf.function(self._step, reduce_retracing=True)
+
+    def initial_state(self) -> StreamState:
+        return StreamState(
+            samples=tf.zeros([0], tf.float32),
+            features=tf.zeros([0, self.features.num_mel_bins], tf.float32),
+            encoder=self.network.encoder.initial_stream_state(1),
+            carry=greedy_start(self.network, 1),
+            frames=tf.constant(0, tf.int32),
+            tokens=tf.zeros([0], tf.int32),
+            token_frames=tf.zeros([0], tf.int32),
+            token_log_probs=tf.zeros([0], tf.float32),
+            score=tf.constant(0.0),
+        )
+
+    def step(self, samples, state: StreamState) -> StreamStep:
+        """samples [n] float32 (any n, 0 included) -> the tokens they complete."""
+        return self._compiled(tf.convert_to_tensor(samples, tf.float32), state)
+
+    def _step(self, samples, state: StreamState) -> StreamStep:
+        config = self.features
+        samples = tf.concat([state.samples, tf.cast(samples, tf.float32)], axis=0)
+        made = num_frames(tf.shape(samples)[0], config)
+        mel = log_mel(samples, config)[:made]
+        if self.normalize is not None:
+            mel = self.normalize(mel)
+        features = tf.concat([state.features, mel], axis=0)
+        encoded, encoder_state = self.network.encoder.stream(features[None], state.encoder)
+        encoded = tf.ensure_shape(encoded, [1, None, encoded.shape[-1]])  # one stream
+        ready = encoder_frames(tf.shape(features)[0])
+        found, carry = greedy_continue(
+            self.network, encoded, ready[None], state.carry, self.max_symbols_per_step,
+            first_frame=state.frames,
+        )  # fmt: skip
+        count = found.counts[0]
+        new_tokens, new_frames = found.tokens[0, :count], found.frames[0, :count]
+        new_log_probs = found.token_log_probs[0, :count]
+        return StreamStep(
+            new_tokens,
+            new_frames,
+            StreamState(
+                samples=samples[made * config.frame_step :],
+                features=features[SUBSAMPLING * ready :],
+                encoder=encoder_state,
+                carry=carry,
+                frames=state.frames + ready,
+                tokens=tf.concat([state.tokens, new_tokens], axis=0),
+                token_frames=tf.concat([state.token_frames, new_frames], axis=0),
+                token_log_probs=tf.concat([state.token_log_probs, new_log_probs], axis=0),
+                score=state.score + found.scores[0],
+            ),
+        )

@@ -1,0 +1,95 @@
+"""Streaming greedy recognition: a waveform fed in pieces of any size finds exactly the
+tokens and frames that greedy search finds on the whole waveform."""
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import soundfile
+import tensorflow as tf
+
+from asrkit.config import FeatureConfig
+from asrkit.decoding.greedy import greedy_search
+from asrkit.decoding.streaming import StreamingDecoder
+from asrkit.errors import UserError
+from asrkit.features import GlobalNormalizer, log_mel
+from asrkit.models.transducer import Transducer
+from tests.tiny import tiny_model_config
+
+REAL = Path(__file__).parents[1] / "data" / "realspeech" / "test-real" / "9002" / "90021"
+FEATURES = FeatureConfig()
+
+
+@pytest.fixture(scope="module")
+def network():
+    keras.utils.set_random_seed(5)
+    config = tiny_model_config(units=16)
+    network = Transducer(9, config)
+    network.build_from_features(FEATURES.num_mel_bins)
+    # Random weights emit a token at almost every frame; a blank bias makes some frames
+    # emit nothing and some several, as a trained model does.
+    kernel, bias = network.joint.output_layer.get_weights()
+    bias[0] += 2.0
+    network.joint.output_layer.set_weights([kernel, bias])
+    return network
+
+
+@pytest.fixture(scope="module")
+def clip():
+    samples, _ = soundfile.read(REAL / "9002-90021-0001.flac", dtype="float32")
+    return samples
+
+
+def whole(network, samples, normalize):
+    features = normalize(log_mel(samples, FEATURES))[None]
+    encoded, lengths = network.encode(features, tf.shape(features)[1][None])
+    found = greedy_search(network, encoded, lengths)
+    count = int(found.counts[0])
+    return found.tokens[0, :count].numpy(), found.frames[0, :count].numpy(), int(lengths[0])
+
+
+def streamed(decoder, samples, sizes):
+    state, tokens, frames, start = decoder.initial_state(), [], [], 0
+    for size in sizes:
+        step = decoder.step(samples[start : start + size], state)
+        tokens += step.tokens.numpy().tolist()
+        frames += step.token_frames.numpy().tolist()
+        state, start = step.state, start + size
+    assert start >= len(samples)
+    assert state.tokens.numpy().tolist() == tokens
+    return np.array(tokens), np.array(frames), state
+
+
+@pytest.mark.parametrize("pieces", ["random", "one frame", "one piece", "tiny"])
+def test_pieces_of_any_size_find_the_whole_waveforms_tokens(network, clip, pieces):
+    normalize = GlobalNormalizer.fit([log_mel(clip, FEATURES).numpy()])
+    want_tokens, want_frames, encoder_length = whole(network, clip, normalize)
+    per_frame = np.bincount(want_frames, minlength=encoder_length)
+    assert (per_frame == 0).sum() > 5 and (per_frame >= 2).sum() > 5, per_frame
+    rng = np.random.default_rng(len(pieces))
+    sizes = {
+        "random": rng.choice([0, 1, 7, 159, 160, 399, 400, 401, 1234, 4000, 9999], size=60),
+        "one frame": [160] * (len(clip) // 160 + 1),
+        "one piece": [len(clip)],
+        "tiny": rng.integers(1, 40, size=200),
+    }[pieces]
+    sizes = [*sizes, len(clip)]  # whatever is left
+    decoder = StreamingDecoder(network, FEATURES, normalize)
+    tokens, frames, state = streamed(decoder, clip, sizes)
+    np.testing.assert_array_equal(tokens, want_tokens)
+    np.testing.assert_array_equal(frames, want_frames)
+    assert int(state.frames) == encoder_length
+    assert len(state.samples) < FEATURES.frame_length and len(state.features) < 7
+
+
+def test_a_conformer_cannot_stream():
+    import dataclasses
+
+    from asrkit.config import EncoderConfig
+
+    config = dataclasses.replace(
+        tiny_model_config(), encoder=EncoderConfig(kind="conformer", d_model=16, num_heads=2)
+    )
+    with pytest.raises(UserError, match="causal encoder"):
+        StreamingDecoder(Transducer(9, config), FEATURES)
