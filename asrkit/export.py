@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from asrkit import __version__
@@ -138,3 +139,115 @@ def export_model(
     }
     (out / "asrkit_export.json").write_text(json.dumps(info, indent=2) + "\n")
     return out
+
+
+STREAM_OUTPUTS = {
+    "tokens": "int32 [n]: the tokens this piece of audio completed",
+    "token_times": "float32 [n], seconds from the stream's start",
+    "text": "string: the text so far",
+    "state_*": "the stream's state after this piece: pass it all back with the next piece",
+}
+
+
+def export_streaming(
+    exp_dir: str | Path, out: str | Path, checkpoint: str | None = None, average: int = 1
+) -> Path:
+    """Writes a streaming SavedModel: `initial_state()` -> the state_* tensors of a new
+    stream; `stream_step(samples, state_*...)` -> the tokens the samples completed (any
+    number of samples, 0 included), their times, the text so far and the new state_*.
+    Greedy search, as `asrkit transcribe --streaming`; needs a causal encoder."""
+    from asrkit.decoding.streaming import StreamingDecoder
+
+    experiment = load_experiment(exp_dir, checkpoint, average)
+    model, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
+    normalizer = experiment.normalizer
+    mean = tf.constant(normalizer.mean if normalizer else 0.0, tf.float32)
+    std = tf.constant(normalizer.std if normalizer else 1.0, tf.float32)
+    decoder = StreamingDecoder(
+        model, config.features, lambda mel: (mel - mean) / std,
+        config.decode.max_symbols_per_step,
+    )  # fmt: skip
+    pieces = tf.constant(tokenizer.surface_pieces())
+    clock = FrameClock.of(config.features)
+    template = decoder.initial_state()
+    flat = tf.nest.flatten(template)
+    names = [f"state_{i:02d}" for i in range(len(flat))]
+    # Tensors that start empty grow (or shrink) along their first axis; the rest keep shape.
+    specs = [
+        tf.TensorSpec([None, *t.shape[1:]] if t.shape.rank and t.shape[0] == 0 else t.shape,
+                      t.dtype, name=name)
+        for t, name in zip(flat, names, strict=True)
+    ]  # fmt: skip
+
+    def initial_state():
+        return dict(zip(names, tf.nest.flatten(decoder.initial_state()), strict=True))
+
+    def run(samples, state):
+        step = decoder.step(samples, tf.nest.pack_sequence_as(template, list(state)))
+        # The new tokens as the tail of all tokens (a gather): LiteRT's Python interpreter
+        # cannot read an empty output of the search's own ops ("Invalid tensor size").
+        total = tf.shape(step.state.tokens)[0]
+        new = tf.range(total - tf.shape(step.tokens)[0], total)
+        outputs = {
+            "tokens": tf.gather(step.state.tokens, new),
+            "token_times": clock.seconds(tf.gather(step.state.token_frames, new)),
+            **dict(zip(names, tf.nest.flatten(step.state), strict=True)),
+        }
+        return step.state.tokens, outputs
+
+    def stream_tokens(samples, *state):
+        return run(samples, state)[1]
+
+    def stream_step(samples, *state):
+        tokens, outputs = run(samples, state)
+        text = detokenize(tokens[None], tf.shape(tokens)[0][None], pieces)[0]
+        return {**outputs, "text": text}
+
+    out = Path(out)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("initial_state", initial_state, input_signature=[])
+    inputs = [tf.TensorSpec([None], tf.float32, name="samples"), *specs]
+    archive.add_endpoint("stream_step", stream_step, input_signature=inputs)
+    archive.add_endpoint("stream_tokens", stream_tokens, input_signature=inputs)
+    archive.write_out(str(out), verbose=False)
+    info = {
+        "asrkit_version": __version__,
+        "sample_rate": config.features.sample_rate,
+        "streaming": True,
+        "signatures": {
+            "initial_state": "no inputs -> state_* of a new stream",
+            "stream_step": "samples: mono float32 [n] in [-1, 1], any n; state_*: as returned",
+            "stream_tokens": "stream_step without the text (no string ops: LiteRT converts it)",
+        },
+        "pieces": tokenizer.surface_pieces(),  # token id -> text ("▁" starts a word)
+        "outputs": STREAM_OUTPUTS,
+        "state": names,
+        "decoding": "greedy, streaming",
+        "frame_period": clock.period,
+        "frame_offset": clock.offset,
+        "vocab_size": tokenizer.vocab_size,
+        "experiment": str(Path(exp_dir).resolve()),
+    }
+    (out / "asrkit_export.json").write_text(json.dumps(info, indent=2) + "\n")
+    return out
+
+
+def convert_to_litert(saved_model: str | Path, out: str | Path) -> Path:
+    """The streaming export's `stream_tokens` signature as a LiteRT (.tflite) model, built-in
+    ops only (the text is left to the caller: `pieces` in asrkit_export.json), and a new
+    stream's state beside it (`<out>.initial_state.npz`: the state is a constant, and
+    LiteRT's Python interpreter cannot return the empty tensors it starts with)."""
+    converter = tf.lite.TFLiteConverter.from_saved_model(
+        str(saved_model), signature_keys=["stream_tokens"]
+    )
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    out = Path(out)
+    out.write_bytes(converter.convert())
+    initial = tf.saved_model.load(str(saved_model)).signatures["initial_state"]()
+    np.savez(initial_state_path(out), **{k: v.numpy() for k, v in initial.items()})
+    return out
+
+
+def initial_state_path(litert_model: str | Path) -> Path:
+    return Path(f"{litert_model}.initial_state.npz")

@@ -82,7 +82,9 @@ def log_mel(samples: tf.Tensor, config: FeatureConfig = DEFAULT_FEATURES) -> tf.
         upper_edge_hertz=config.upper_edge_hz,
     )
     mel = tf.tensordot(power, weights, axes=1)
-    return tf.math.log(mel + config.log_floor)[..., : num_frames(length, config), :]
+    # A gather, not a [..., :n, :] slice: LiteRT has no ellipsis slices (streaming export).
+    frames = tf.range(num_frames(length, config))
+    return tf.gather(tf.math.log(mel + config.log_floor), frames, axis=-2)
 
 
 def perturb_speed(samples: np.ndarray, factor: float, sample_rate: int = 16_000) -> np.ndarray:

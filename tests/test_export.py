@@ -295,3 +295,104 @@ def test_streaming_transcription_equals_whole_file_greedy(experiment, tmp_path):
                              capture_output=True, text=True, timeout=300)  # fmt: skip
         assert run.returncode == 2 and says in run.stderr, (wrong, run.stderr[-1000:])
         assert "Traceback" not in run.stderr
+
+
+STREAM_WITHOUT_ASRKIT = r"""
+import importlib.abc, json, sys
+
+class NoAsrkit(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "asrkit":
+            raise ImportError("asrkit must not be needed to serve an export")
+
+sys.meta_path.insert(0, NoAsrkit())
+import soundfile, tensorflow as tf
+
+loaded = tf.saved_model.load(sys.argv[1])
+step = loaded.signatures["stream_step"]
+results = []
+for path in sys.argv[2:]:
+    samples, rate = soundfile.read(path, dtype="float32")
+    state = loaded.signatures["initial_state"]()
+    tokens, times, texts = [], [], []
+    for start in range(0, len(samples), 2080):  # 0.13 s pieces
+        out = step(samples=tf.constant(samples[start : start + 2080]), **state)
+        state = {k: v for k, v in out.items() if k.startswith("state_")}
+        tokens += out["tokens"].numpy().tolist()
+        times += out["token_times"].numpy().tolist()
+        texts.append(out["text"].numpy().decode())
+    results.append({"tokens": tokens, "times": times, "texts": texts})
+print(json.dumps(results))
+"""
+
+
+def test_streaming_export_serves_pieces_without_asrkit(experiment, tmp_path):
+    """`asrkit export --streaming`: a process that cannot import asrkit feeds real clips in
+    0.13 s pieces and ends with the tokens, times and text of greedy search on each whole
+    clip; the text so far only grows."""
+    _, exp, utts = experiment
+    asrkit = Path(sys.executable).parent / "asrkit"
+    out = tmp_path / "streaming"
+    made = subprocess.run([asrkit, "export", "--exp-dir", str(exp), "--out", str(out),
+                           "--streaming", "--litert"], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    info = json.loads((out / "asrkit_export.json").read_text())
+    assert info["streaming"] and set(info["signatures"]) == {
+        "initial_state",
+        "stream_step",
+        "stream_tokens",
+    }
+    paths = [u.audio_path for u in utts[:3]]
+    run = subprocess.run([sys.executable, "-c", STREAM_WITHOUT_ASRKIT, str(out), *paths],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    streamed = json.loads(run.stdout.strip().splitlines()[-1])
+    experiment_ = load_experiment(exp)
+    recogniser = NetworkRecogniser(experiment_.network, experiment_.tokenizer, experiment_.config)
+    whole = transcribe_files(recogniser, paths)
+    for got, want in zip(streamed, whole, strict=True):
+        assert got["tokens"] == want.hypothesis.tokens
+        clock = recogniser.clock
+        want_times = [clock.offset + f * clock.period for f in want.hypothesis.frames]
+        assert got["times"] == pytest.approx(want_times, abs=1e-4)
+        assert got["texts"][-1] == want.text
+        assert all(b.startswith(a.rstrip()) for a, b in zip(got["texts"], got["texts"][1:], strict=False))
+    for flags, says in [
+        (["--streaming", "--method", "beam"], "greedy"),
+        (["--litert"], "--streaming"),
+    ]:
+        wrong = subprocess.run([asrkit, "export", "--exp-dir", str(exp), "--out",
+                                str(tmp_path / "x"), *flags], capture_output=True, text=True,
+                               timeout=300)  # fmt: skip
+        assert wrong.returncode == 2 and says in wrong.stderr and "Traceback" not in wrong.stderr
+    litert = run_litert(out / "stream_tokens.tflite", paths)
+    assert [r["tokens"] for r in litert] == [r["tokens"] for r in streamed]
+    for a, b in zip(litert, streamed, strict=True):
+        assert a["times"] == pytest.approx(b["times"], abs=1e-4)
+
+
+def run_litert(model_path, paths):
+    """The LiteRT model of the streaming step, fed the same 0.13 s pieces from the initial
+    state saved beside it."""
+    import warnings
+
+    import tensorflow as tf
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
+        interpreter = tf.lite.Interpreter(model_path=str(model_path))
+    runner = interpreter.get_signature_runner("stream_tokens")
+    results = []
+    for path in paths:
+        samples = read_audio(path)
+        with np.load(f"{model_path}.initial_state.npz") as initial:
+            state = dict(initial)
+        tokens, times = [], []
+        for start in range(0, len(samples), 2080):
+            out = runner(samples=samples[start : start + 2080].astype(np.float32), **state)
+            state = {k: v for k, v in out.items() if k.startswith("state_")}
+            tokens += out["tokens"].tolist()
+            times += out["token_times"].tolist()
+        results.append({"tokens": tokens, "times": times})
+    return results

@@ -13,13 +13,35 @@ def register(subparsers) -> None:
     export.add_argument("--out", required=True, help="SavedModel directory")
     add_weights_arguments(export)
     add_search_arguments(export, help="the search built into the graph")
+    export.add_argument(
+        "--streaming", action="store_true",
+        help="a streaming SavedModel instead: initial_state() and stream_step(samples, "
+             "state) -> new tokens, text so far, state (greedy; needs a causal encoder)",
+    )  # fmt: skip
+    export.add_argument(
+        "--litert", action="store_true",
+        help="--streaming: also OUT/stream_tokens.tflite (LiteRT, built-in ops)",
+    )  # fmt: skip
     export.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from asrkit.decoding.search import describe
+    from asrkit.errors import InputError
     from asrkit.experiment import load_experiment_config
-    from asrkit.export import export_model
+    from asrkit.export import convert_to_litert, export_model, export_streaming
+
+    if args.litert and not args.streaming:
+        raise InputError("--litert converts the streaming step: add --streaming")
+    if args.streaming:
+        if args.method != "greedy":
+            raise InputError("--streaming exports greedy search: drop --method beam")
+        out = export_streaming(args.exp_dir, args.out, args.checkpoint, args.average)
+        print(f"streaming SavedModel -> {out} (initial_state(), stream_step(samples, state_*) "
+              "-> tokens, token_times, text so far, state_*)")  # fmt: skip
+        if args.litert:
+            print(f"LiteRT -> {convert_to_litert(out, out / 'stream_tokens.tflite')}")
+        return 0
 
     symbols = load_experiment_config(args.exp_dir).decode.max_symbols_per_step
     options = search_options(args, symbols)

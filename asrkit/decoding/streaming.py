@@ -82,8 +82,10 @@ class StreamingDecoder:
         if self.normalize is not None:
             mel = self.normalize(mel)
         features = tf.concat([state.features, mel], axis=0)
-        encoded, encoder_state = self.network.encoder.stream(features[None], state.encoder)
-        encoded = tf.ensure_shape(encoded, [1, None, encoded.shape[-1]])  # one stream
+        encoded, encoder_state = self.network.encoder.stream(
+            tf.expand_dims(features, 0), state.encoder
+        )
+        encoded = tf.reshape(encoded, [1, -1, encoded.shape[-1]])  # one stream, known
         ready = encoder_frames(tf.shape(features)[0])
         found, carry = greedy_continue(
             self.network, encoded, ready[None], state.carry, self.max_symbols_per_step,

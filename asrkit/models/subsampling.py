@@ -34,7 +34,7 @@ class ConvSubsampling(CompositeLayer):
         silent_row = tf.zeros(tf.concat([[1], tf.shape(features)[1:]], 0), features.dtype)
         features = tf.concat([features, silent_row], axis=0)
         lengths = tf.concat([lengths, tf.zeros([1], lengths.dtype)], axis=0)
-        x = zero_padding(features, lengths)[..., None]  # [B+1, T, F, 1]
+        x = tf.expand_dims(zero_padding(features, lengths), -1)  # [B+1, T, F, 1]
         x = self.conv1(x)
         x = zero_padding(x, conv_frames(lengths))
         x = self.conv2(x)
