@@ -13,6 +13,7 @@ import types
 import typing
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
@@ -78,6 +79,11 @@ class EncoderConfig:
     # Recompute each block's activations in the backward pass instead of storing them
     # (less memory, one more forward of the encoder; dropout masks are replayed exactly).
     recompute: bool = False
+    # Streaming Conformer: each encoder frame attends only to its chunk of `chunk_frames`
+    # frames (40 ms each) and `left_chunks` chunks before it (-1: all), and the convolution
+    # module is causal. 0 = full context (not streamable). The LSTM encoder is causal anyway.
+    chunk_frames: int = 0
+    left_chunks: int = -1
 
     def __post_init__(self):
         if self.kind not in ENCODERS:
@@ -86,6 +92,17 @@ class EncoderConfig:
                   subsampling_filters=1, lstm_units=1, lstm_layers=1)  # fmt: skip
         if not 0 <= self.dropout < 1:
             raise ValueError(f"model.encoder.dropout must be in [0, 1), got {self.dropout}")
+        if self.chunk_frames < 0 or self.left_chunks < -1:
+            raise ValueError(
+                "model.encoder.chunk_frames must be >= 0 (0: full context) and "
+                f"model.encoder.left_chunks >= -1 (-1: all), got {self.chunk_frames} and "
+                f"{self.left_chunks}"
+            )
+        if self.chunk_frames and self.kind != "conformer":
+            raise ValueError(
+                "model.encoder.chunk_frames is for the Conformer (the LSTM encoder is causal "
+                "and streams without chunks)"
+            )
 
 
 @dataclass(frozen=True)
@@ -321,19 +338,40 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> ExperimentConfig:
-    data = {}
-    if path is not None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = yaml.safe_load(f) or {}
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: no such config file") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    """A YAML config (its `base:`, if any, first), then `--set` overrides."""
+    data = _read_yaml(Path(path)) if path is not None else {}
     try:
         return build_config(ExperimentConfig, apply_overrides(data, list(overrides)))
     except ConfigError as err:
         raise ConfigError(f"{path or '--set'}: {err}") from None
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A config file's mapping. `base: other.yaml` (relative to this file) names a config
+    this one starts from: its values, then this file's, merged section by section."""
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: its base: chain comes back to itself")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such config file") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(data, dict) or "base" not in data:
+        return data
+    base = data.pop("base")
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base must be a config file's path, got {base!r}")
+    return _merged(_read_yaml(path.parent / base, (*seen, path.resolve())), data)
+
+
+def _merged(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else value
+    return out
 
 
 def dump_config(config: ExperimentConfig) -> str:

@@ -154,8 +154,9 @@ def export_streaming(
 ) -> Path:
     """Writes a streaming SavedModel: `initial_state()` -> the state_* tensors of a new
     stream; `stream_step(samples, state_*...)` -> the tokens the samples completed (any
-    number of samples, 0 included), their times, the text so far and the new state_*.
-    Greedy search, as `asrkit transcribe --streaming`; needs a causal encoder."""
+    number of samples, 0 included), their times, the text so far and the new state_*;
+    `stream_finish(state_*...)` at the end of the stream. Greedy search, as `asrkit
+    transcribe --streaming`; needs an encoder that streams."""
     from asrkit.decoding.streaming import StreamingDecoder
 
     experiment = load_experiment(exp_dir, checkpoint, average)
@@ -172,36 +173,48 @@ def export_streaming(
     template = decoder.initial_state()
     flat = tf.nest.flatten(template)
     names = [f"state_{i:02d}" for i in range(len(flat))]
-    # Tensors that start empty grow (or shrink) along their first axis; the rest keep shape.
+    # An axis that starts empty grows (or shrinks) as audio comes; the others keep their size.
     specs = [
-        tf.TensorSpec([None, *t.shape[1:]] if t.shape.rank and t.shape[0] == 0 else t.shape,
-                      t.dtype, name=name)
+        tf.TensorSpec([None if d == 0 else d for d in t.shape], t.dtype, name=name)
         for t, name in zip(flat, names, strict=True)
-    ]  # fmt: skip
+    ]
 
     def initial_state():
         return dict(zip(names, tf.nest.flatten(decoder.initial_state()), strict=True))
 
     def run(samples, state):
-        step = decoder.step(samples, tf.nest.pack_sequence_as(template, list(state)))
-        # The new tokens as the tail of all tokens (a gather): LiteRT's Python interpreter
-        # cannot read an empty output of the search's own ops ("Invalid tensor size").
-        total = tf.shape(step.state.tokens)[0]
-        new = tf.range(total - tf.shape(step.tokens)[0], total)
+        state = tf.nest.pack_sequence_as(template, list(state))
+        step = decoder.step(samples, state) if samples is not None else decoder.finish(state)
         outputs = {
-            "tokens": tf.gather(step.state.tokens, new),
-            "token_times": clock.seconds(tf.gather(step.state.token_frames, new)),
+            "tokens": step.tokens,
+            "token_times": clock.seconds(step.token_frames),
             **dict(zip(names, tf.nest.flatten(step.state), strict=True)),
         }
         return step.state.tokens, outputs
 
+    def lite(samples, state):
+        """LiteRT's interpreter cannot return an empty tensor, so in its signatures every
+        axis that can be empty carries one padding entry in front."""
+        state = [_drop_front(t, spec) for t, spec in zip(state, specs, strict=True)]
+        outputs = run(samples, state)[1]
+        return {
+            key: _pad_front(value, specs[names.index(key)] if key in names else None)
+            for key, value in outputs.items()
+        }
+
     def stream_tokens(samples, *state):
-        return run(samples, state)[1]
+        return lite(samples, state)
 
     def stream_step(samples, *state):
         tokens, outputs = run(samples, state)
         text = detokenize(tokens[None], tf.shape(tokens)[0][None], pieces)[0]
         return {**outputs, "text": text}
+
+    def finish_tokens(*state):
+        return lite(None, state)
+
+    def stream_finish(*state):
+        return stream_step(None, *state)
 
     out = Path(out)
     archive = keras.export.ExportArchive()
@@ -210,6 +223,8 @@ def export_streaming(
     inputs = [tf.TensorSpec([None], tf.float32, name="samples"), *specs]
     archive.add_endpoint("stream_step", stream_step, input_signature=inputs)
     archive.add_endpoint("stream_tokens", stream_tokens, input_signature=inputs)
+    archive.add_endpoint("stream_finish", stream_finish, input_signature=specs)
+    archive.add_endpoint("finish_tokens", finish_tokens, input_signature=specs)
     archive.write_out(str(out), verbose=False)
     info = {
         "asrkit_version": __version__,
@@ -218,7 +233,12 @@ def export_streaming(
         "signatures": {
             "initial_state": "no inputs -> state_* of a new stream",
             "stream_step": "samples: mono float32 [n] in [-1, 1], any n; state_*: as returned",
-            "stream_tokens": "stream_step without the text (no string ops: LiteRT converts it)",
+            "stream_tokens": "stream_step without the text (no string ops: LiteRT converts it); "
+            "every axis that can be empty has one padding entry in front: drop tokens[0] and "
+            "token_times[0], pass state_* back as they are",
+            "stream_finish": "state_* -> the end of the stream: what the last, partial chunk "
+            "of a chunked Conformer emits (nothing for an LSTM encoder)",
+            "finish_tokens": "stream_finish without the text",
         },
         "pieces": tokenizer.surface_pieces(),  # token id -> text ("▁" starts a word)
         "outputs": STREAM_OUTPUTS,
@@ -234,19 +254,42 @@ def export_streaming(
 
 
 def convert_to_litert(saved_model: str | Path, out: str | Path) -> Path:
-    """The streaming export's `stream_tokens` signature as a LiteRT (.tflite) model, built-in
-    ops only (the text is left to the caller: `pieces` in asrkit_export.json), and a new
-    stream's state beside it (`<out>.initial_state.npz`: the state is a constant, and
-    LiteRT's Python interpreter cannot return the empty tensors it starts with)."""
+    """The streaming export's `stream_tokens` and `finish_tokens` signatures as a LiteRT
+    (.tflite) model, built-in ops only (the text is left to the caller: `pieces` in
+    asrkit_export.json), and a new stream's state beside it (`<out>.initial_state.npz`,
+    padded as those signatures take it: the state is a constant)."""
     converter = tf.lite.TFLiteConverter.from_saved_model(
-        str(saved_model), signature_keys=["stream_tokens"]
+        str(saved_model), signature_keys=["stream_tokens", "finish_tokens"]
     )
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
     out = Path(out)
     out.write_bytes(converter.convert())
-    initial = tf.saved_model.load(str(saved_model)).signatures["initial_state"]()
-    np.savez(initial_state_path(out), **{k: v.numpy() for k, v in initial.items()})
+    loaded = tf.saved_model.load(str(saved_model))
+    initial = loaded.signatures["initial_state"]()
+    specs = loaded.signatures["stream_tokens"].structured_input_signature[1]
+    np.savez(
+        initial_state_path(out),
+        **{k: _pad_front(v, specs[k]).numpy() for k, v in initial.items()},
+    )
     return out
+
+
+def _pad_front(tensor, spec=None):
+    """One zero entry in front along every axis `spec` leaves open (no spec: axis 0)."""
+    axes = [0] if spec is None else [i for i, d in enumerate(spec.shape) if d is None]
+    for axis in axes:
+        paddings = [[0, 0]] * tensor.shape.rank
+        paddings[axis] = [1, 0]
+        tensor = tf.pad(tensor, paddings)
+    return tensor
+
+
+def _drop_front(tensor, spec):
+    """`_pad_front` undone."""
+    for axis, size in enumerate(spec.shape):
+        if size is None:
+            tensor = tf.gather(tensor, tf.range(1, tf.shape(tensor)[axis]), axis=axis)
+    return tensor
 
 
 def initial_state_path(litert_model: str | Path) -> Path:

@@ -1,6 +1,7 @@
 """Strict configuration: unknown keys and wrong types are errors that name key and section."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +36,9 @@ def test_defaults_and_overrides(tmp_path):
         ("model:\n  delay_penalty: -0.1\n", "model.delay_penalty must be >= 0"),
         ("model:\n  loss: pruned\n  delay_penalty: 0.01\n", "with model.loss=full only"),
         ("model:\n  ctc_weight: -0.2\n", "model.ctc_weight must be >= 0"),
+        ("model:\n  encoder: {chunk_frames: -4}\n", "chunk_frames must be >= 0"),
+        ("model:\n  encoder: {left_chunks: -2}\n", "left_chunks >= -1"),
+        ("model:\n  encoder: {kind: lstm, chunk_frames: 4}\n", "is for the Conformer"),
     ],
 )
 def test_bad_configs_name_the_key_and_section(tmp_path, text, message):
@@ -56,3 +60,35 @@ def test_dump_round_trip(tmp_path):
     assert again.train.clip_global_norm is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.train.epochs = 5
+
+
+def test_a_config_starts_from_its_base(tmp_path):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "base.yaml").write_text(
+        "model:\n  encoder: {kind: conformer, d_model: 64, num_blocks: 3}\n  joint_dim: 99\n"
+        "train: {epochs: 7}\n"
+    )
+    (tmp_path / "conf" / "top.yaml").write_text(
+        "base: ../base.yaml\nmodel:\n  encoder: {num_blocks: 5, chunk_frames: 8}\n"
+    )
+    config = load_config(tmp_path / "conf" / "top.yaml", ["train.epochs=9"])
+    encoder = config.model.encoder
+    assert (encoder.d_model, encoder.num_blocks, encoder.chunk_frames) == (64, 5, 8)
+    assert config.model.joint_dim == 99 and config.train.epochs == 9
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="comes back to itself"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("base: nowhere.yaml\n")
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.yaml"):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_the_streaming_librispeech_config_is_conformer_s_with_chunks():
+    conf = Path(__file__).parents[1] / "recipes" / "librispeech" / "conf"
+    streaming = load_config(conf / "conformer_s_streaming.yaml")
+    plain = load_config(conf / "conformer_s.yaml")
+    assert streaming.model.encoder.chunk_frames == 16 and streaming.model.encoder.left_chunks == 4
+    unchunked = dataclasses.replace(streaming.model.encoder, chunk_frames=0, left_chunks=-1)
+    assert dataclasses.replace(streaming.model, encoder=unchunked) == plain.model
+    assert streaming.train == plain.train and streaming.data == plain.data

@@ -5,11 +5,13 @@ One stream's state is explicit (`StreamState`), so a server can keep many stream
 export can pass it in and out: the waveform not yet in a whole feature frame (< 25 ms), the
 normalised feature frames the subsampling still needs (< 7), each encoder layer's recurrent
 state, the greedy search's predictor output and state, the encoder frames decoded so far and
-every token found so far with its frame. Nothing is recomputed and nothing is flushed at the
-end: feature frames, encoder frames and the search depend only on what came before them, so
-feeding a waveform in any pieces finds exactly the tokens (and frames) greedy search finds on
-the whole waveform (tested). That needs a causal encoder: the LSTM encoder is one; a
-Conformer attends to the whole utterance.
+every token found so far with its frame. Nothing is recomputed: feature frames, encoder
+frames and the search depend only on what came before them (and, for a chunked Conformer, on
+the rest of their chunk), so feeding a waveform in any pieces, then `finish` (the last,
+partial chunk), finds exactly the tokens (and frames) greedy search finds on the whole
+waveform (tested). That needs an encoder that streams: the LSTM encoder (causal), or a
+Conformer trained with chunks (`model.encoder.chunk_frames`); a full-context Conformer
+attends to the whole utterance.
 """
 
 from __future__ import annotations
@@ -48,14 +50,16 @@ class StreamingDecoder:
 
     def __init__(self, network, features: FeatureConfig, normalize=None,
                  max_symbols_per_step: int = 3):  # fmt: skip
-        if not hasattr(network.encoder, "stream"):
+        if not getattr(network.encoder, "streams", False):
             raise UserError(
-                f"streaming needs a causal encoder (model.encoder.kind=lstm); this model's "
+                "streaming needs an encoder that streams: model.encoder.kind=lstm, or a "
+                "Conformer trained with model.encoder.chunk_frames > 0; this model's "
                 f"{type(network.encoder).__name__} attends to the whole utterance"
             )
         self.network, self.features, self.normalize = network, features, normalize
         self.max_symbols_per_step = max_symbols_per_step
         self._compiled = tf.function(self._step, reduce_retracing=True)
+        self._compiled_finish = tf.function(self._finish, reduce_retracing=True)
 
     def initial_state(self) -> StreamState:
         return StreamState(
@@ -85,8 +89,24 @@ class StreamingDecoder:
         encoded, encoder_state = self.network.encoder.stream(
             tf.expand_dims(features, 0), state.encoder
         )
+        used = SUBSAMPLING * encoder_frames(tf.shape(features)[0])  # the rest waits
+        return self._search(encoded, state._replace(
+            samples=samples[made * config.frame_step :], features=features[used:],
+            encoder=encoder_state,
+        ))  # fmt: skip
+
+    def finish(self, state: StreamState) -> StreamStep:
+        """The end of the stream: the tokens of frames still waiting for their chunk."""
+        return self._compiled_finish(state)
+
+    def _finish(self, state: StreamState) -> StreamStep:
+        encoded, encoder_state = self.network.encoder.finish_stream(state.encoder)
+        return self._search(encoded, state._replace(encoder=encoder_state))
+
+    def _search(self, encoded, state: StreamState) -> StreamStep:
+        """Greedy search over the newly encoded frames, from the state's carry."""
         encoded = tf.reshape(encoded, [1, -1, encoded.shape[-1]])  # one stream, known
-        ready = encoder_frames(tf.shape(features)[0])
+        ready = tf.shape(encoded)[1]
         found, carry = greedy_continue(
             self.network, encoded, ready[None], state.carry, self.max_symbols_per_step,
             first_frame=state.frames,
@@ -97,10 +117,7 @@ class StreamingDecoder:
         return StreamStep(
             new_tokens,
             new_frames,
-            StreamState(
-                samples=samples[made * config.frame_step :],
-                features=features[SUBSAMPLING * ready :],
-                encoder=encoder_state,
+            state._replace(
                 carry=carry,
                 frames=state.frames + ready,
                 tokens=tf.concat([state.tokens, new_tokens], axis=0),

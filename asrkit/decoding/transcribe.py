@@ -189,15 +189,20 @@ def stream_file(
     samples = read_audio(str(path), rate)
     chunk = max(1, round(chunk_seconds * rate))
     state, shown, started = decoder.initial_state(), "", time.monotonic()
-    for start in range(0, max(len(samples), 1), chunk):
-        if realtime:
-            time.sleep(max(0.0, started + (start + chunk) / rate - time.monotonic()))
-        step = decoder.step(samples[start : start + chunk], state)
+    starts = list(range(0, max(len(samples), 1), chunk))
+    for start in [*starts, None]:  # None: the end of the stream
+        if start is None:
+            step = decoder.finish(state)
+        else:
+            if realtime:
+                time.sleep(max(0.0, started + (start + chunk) / rate - time.monotonic()))
+            step = decoder.step(samples[start : start + chunk], state)
         state = step.state
         if on_partial is not None and len(step.tokens):
             text = recogniser.tokenizer.decode(state.tokens.numpy().tolist())
             if text != shown:
-                on_partial(min(start + chunk, len(samples)) / rate, text)
+                at = len(samples) if start is None else min(start + chunk, len(samples))
+                on_partial(at / rate, text)
                 shown = text
     tokens = state.tokens.numpy().tolist()
     hypothesis = Hypothesis(

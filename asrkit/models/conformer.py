@@ -1,6 +1,14 @@
 """Conformer encoder: ×4 conv subsampling, then macaron blocks
 (½ feed-forward, rotary multi-head self-attention, convolution module, ½ feed-forward).
 
+Streaming (`chunk_frames` > 0, WeNet's chunk masks): encoder frames are grouped in chunks of
+`chunk_frames`; a frame attends to the frames of its own chunk and of the `left_chunks`
+chunks before it (-1: all before), and the convolution module is causal (it sees only the
+`kernel_size - 1` frames before). The subsampling needs 6 feature frames (60 ms) past the
+first of its 4. Then an utterance can be encoded chunk by chunk (`stream`, `finish_stream`)
+with each block's keys/values of the history and its convolution's last inputs kept as
+state, and the result is the same as one call on the whole utterance.
+
 Padding never leaks: attention masks padded keys, and padded frames are zeroed before every
 convolution, so an utterance's encoder output is the same alone or batched with longer ones.
 The convolution module normalises with LayerNorm by default; BatchNorm is an option, but its
@@ -22,18 +30,30 @@ from asrkit.models.layers import (
     seeded_dropout,
     zero_padding,
 )
-from asrkit.models.subsampling import ConvSubsampling
+from asrkit.models.subsampling import ConvSubsampling, subsample_piece
 
 
-def rotary(x: tf.Tensor) -> tf.Tensor:
-    """Rotary position embedding on [B, T, H, Dh] (positions 0..T-1, Dh even)."""
+def rotary(x: tf.Tensor, offset=0) -> tf.Tensor:
+    """Rotary position embedding on [B, T, H, Dh] (positions offset..offset+T-1, Dh even)."""
     frames, dim = tf.shape(x)[1], x.shape[-1]
     inv_freq = 1.0 / (10000.0 ** (tf.range(0, dim, 2, dtype=tf.float32) / dim))
-    angles = tf.cast(tf.range(frames), tf.float32)[:, None] * inv_freq[None, :]  # [T, Dh/2]
+    positions = tf.range(frames) + tf.cast(offset, tf.int32)
+    angles = tf.cast(positions, tf.float32)[:, None] * inv_freq[None, :]  # [T, Dh/2]
     cos = tf.cast(tf.cos(angles), x.dtype)[None, :, None, :]
     sin = tf.cast(tf.sin(angles), x.dtype)[None, :, None, :]
     x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
     return tf.concat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+def chunk_mask(query_positions, key_positions, chunk_frames: int, left_chunks: int):
+    """[Tq, Tk] bool: may the frame at each query position attend to each key position —
+    its own chunk and the `left_chunks` before it (-1: every chunk before)."""
+    query_chunk = query_positions[:, None] // chunk_frames
+    key_chunk = key_positions[None, :] // chunk_frames
+    allowed = key_chunk <= query_chunk
+    if left_chunks >= 0:
+        allowed = tf.logical_and(allowed, key_chunk >= query_chunk - left_chunks)
+    return allowed
 
 
 def _seed(seed):
@@ -52,16 +72,35 @@ class RotarySelfAttention(CompositeLayer):
         self.qkv = keras.layers.Dense(3 * d_model)
         self.out = keras.layers.Dense(d_model)
 
-    def call(self, x, mask, training=False, seed=None):
-        """x [B, T, D], mask [B, T] bool -> [B, T, D]; `seed` [2] draws the dropout masks."""
+    def call(self, x, mask, training=False, seed=None, allowed=None):
+        """x [B, T, D], mask [B, T] bool (real frames) -> [B, T, D]; `allowed` [T, T]
+        (query, key) narrows attention further (chunks); `seed` [2] draws dropout masks."""
+        q, k, v = self._project(x, 0)
+        keep = mask[:, None, None, :]
+        if allowed is not None:
+            keep = tf.logical_and(keep, allowed[None, None])
+        return self._attend(q, k, v, keep, training, seed)
+
+    def stream(self, x, keys, values, offset, allowed):
+        """The next frames of one stream: x [B, n, D] at positions offset.., with the
+        history's keys/values [B, L, H, Dh] -> (out [B, n, D], keys and values of history +
+        these frames). allowed [n, L + n]. Inference only."""
+        q, k, v = self._project(x, offset)
+        keys, values = tf.concat([keys, k], axis=1), tf.concat([values, v], axis=1)
+        return self._attend(q, keys, values, allowed[None, None], False, None), keys, values
+
+    def _project(self, x, offset):
         batch, frames = tf.shape(x)[0], tf.shape(x)[1]
         head_dim = self.d_model // self.num_heads
         qkv = tf.reshape(self.qkv(x), [batch, frames, 3, self.num_heads, head_dim])
-        q, k, v = rotary(qkv[:, :, 0]), rotary(qkv[:, :, 1]), qkv[:, :, 2]
+        return rotary(qkv[:, :, 0], offset), rotary(qkv[:, :, 1], offset), qkv[:, :, 2]
+
+    def _attend(self, q, k, v, keep, training, seed):
+        batch, frames = tf.shape(q)[0], tf.shape(q)[1]
         scores = tf.einsum("bthd,bshd->bhts", q, k)
-        scores = tf.cast(scores, tf.float32) / math.sqrt(head_dim)
-        scores = tf.where(mask[:, None, None, :], scores, -1e9)
-        weights = tf.cast(tf.nn.softmax(scores, axis=-1), x.dtype)
+        scores = tf.cast(scores, tf.float32) / math.sqrt(self.d_model // self.num_heads)
+        scores = tf.where(keep, scores, -1e9)
+        weights = tf.cast(tf.nn.softmax(scores, axis=-1), q.dtype)
         weights = seeded_dropout(weights, self.dropout, _seed(seed), 0, training)
         context = tf.einsum("bhts,bshd->bthd", weights, v)
         return self.out(tf.reshape(context, [batch, frames, self.d_model]))
@@ -101,17 +140,22 @@ class FeedForward(CompositeLayer):
 @keras.saving.register_keras_serializable(package="asrkit")
 class ConvolutionModule(CompositeLayer):
     def __init__(
-        self, d_model: int, kernel_size: int = 15, norm: str = "layer", dropout=0.0, **kwargs
-    ):
+        self, d_model: int, kernel_size: int = 15, norm: str = "layer", dropout=0.0,
+        causal: bool = False, **kwargs,
+    ):  # fmt: skip
         super().__init__(**kwargs)
         if norm not in ("layer", "batch"):
             raise ValueError(f"norm must be 'layer' or 'batch', got {norm!r}")
         self.d_model, self.kernel_size, self.norm_type, self.dropout = (
             d_model, kernel_size, norm, dropout,
         )  # fmt: skip
+        self.causal = causal
         self.pre_norm = keras.layers.LayerNormalization()
         self.pointwise_in = keras.layers.Dense(2 * d_model)
-        self.depthwise = keras.layers.DepthwiseConv1D(kernel_size, padding="same")
+        # Causal: the kernel_size - 1 frames before are padded by hand (same weights).
+        self.depthwise = keras.layers.DepthwiseConv1D(
+            kernel_size, padding="valid" if causal else "same"
+        )
         self.norm = (
             keras.layers.LayerNormalization()
             if norm == "layer"
@@ -120,9 +164,26 @@ class ConvolutionModule(CompositeLayer):
         self.pointwise_out = keras.layers.Dense(d_model)
 
     def call(self, x, lengths, training=False, seed=None):
+        h = zero_padding(self._gated(x), lengths)
+        if self.causal:
+            h = tf.pad(h, [[0, 0], [self.kernel_size - 1, 0], [0, 0]])
+        return self._finish(self.depthwise(h), training, seed)
+
+    def stream(self, x, tail):
+        """Causal only: the next frames x [B, n, D] after the previous kernel_size - 1
+        frames' gated inputs `tail` -> (out [B, n, D], the new tail). Inference only."""
+        h = tf.concat([tail, self._gated(x)], axis=1)
+        new_tail = h[:, tf.shape(h)[1] - (self.kernel_size - 1) :]
+        # One zero frame after: a piece of no frames still convolves (its output is cut).
+        padded = tf.pad(h, [[0, 0], [0, 1], [0, 0]])
+        out = self.depthwise(padded)[:, : tf.shape(x)[1]]
+        return self._finish(out, False, None), new_tail
+
+    def _gated(self, x):
         h = self.pointwise_in(self.pre_norm(x))
-        h = h[..., : self.d_model] * tf.sigmoid(h[..., self.d_model :])  # GLU
-        h = self.depthwise(zero_padding(h, lengths))
+        return h[..., : self.d_model] * tf.sigmoid(h[..., self.d_model :])  # GLU
+
+    def _finish(self, h, training, seed):
         h = keras.activations.swish(self.norm(h, training=training))
         return seeded_dropout(self.pointwise_out(h), self.dropout, _seed(seed), 0, training)
 
@@ -133,6 +194,7 @@ class ConvolutionModule(CompositeLayer):
             "kernel_size": self.kernel_size,
             "norm": self.norm_type,
             "dropout": self.dropout,
+            "causal": self.causal,
         }
 
 
@@ -145,21 +207,22 @@ class ConformerBlock(CompositeLayer):
         kernel_size: int = 15,
         dropout: float = 0.1,
         conv_norm: str = "layer",
+        causal: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.d_model, self.num_heads, self.kernel_size = d_model, num_heads, kernel_size
-        self.dropout, self.conv_norm = dropout, conv_norm
+        self.dropout, self.conv_norm, self.causal = dropout, conv_norm, causal
         self.ff1 = FeedForward(d_model, dropout=dropout)
         self.attn_norm = keras.layers.LayerNormalization()
         self.attention = RotarySelfAttention(d_model, num_heads, dropout)
-        self.conv = ConvolutionModule(d_model, kernel_size, conv_norm, dropout)
+        self.conv = ConvolutionModule(d_model, kernel_size, conv_norm, dropout, causal)
         self.ff2 = FeedForward(d_model, dropout=dropout)
         self.out_norm = keras.layers.LayerNormalization()
 
-    def call(self, x, lengths, training=False, seed=None):
+    def call(self, x, lengths, training=False, seed=None, allowed=None):
         """x [B, T, D] -> [B, T, D]; every dropout mask is drawn from `seed` [2], so the
-        block can be recomputed exactly in the backward pass."""
+        block can be recomputed exactly in the backward pass; `allowed` [T, T]: chunks."""
         seed = _seed(seed)
 
         def part(k):
@@ -167,11 +230,27 @@ class ConformerBlock(CompositeLayer):
 
         mask = tf.sequence_mask(lengths, tf.shape(x)[1])
         x = x + 0.5 * self.ff1(x, training=training, seed=part(1))
-        attended = self.attention(self.attn_norm(x), mask, training=training, seed=part(2))
+        attended = self.attention(
+            self.attn_norm(x), mask, training=training, seed=part(2), allowed=allowed
+        )
         x = x + seeded_dropout(attended, self.dropout, seed, 3, training)
         x = x + self.conv(x, lengths, training=training, seed=part(4))
         x = x + 0.5 * self.ff2(x, training=training, seed=part(5))
         return zero_padding(self.out_norm(x), lengths)
+
+    def stream(self, x, state, offset, allowed):
+        """The next frames of one stream (see `ConformerEncoder.stream`): state = (keys,
+        values, convolution tail) -> (out, the state with these frames appended)."""
+        keys, values, tail = state
+        x = x + 0.5 * self.ff1(x)
+        attended, keys, values = self.attention.stream(
+            self.attn_norm(x), keys, values, offset, allowed
+        )
+        x = x + attended
+        convolved, tail = self.conv.stream(x, tail)
+        x = x + convolved
+        x = x + 0.5 * self.ff2(x)
+        return self.out_norm(x), (keys, values, tail)
 
     def get_config(self):
         return {
@@ -181,6 +260,7 @@ class ConformerBlock(CompositeLayer):
             "kernel_size": self.kernel_size,
             "dropout": self.dropout,
             "conv_norm": self.conv_norm,
+            "causal": self.causal,
         }
 
 
@@ -198,16 +278,20 @@ class ConformerEncoder(CompositeLayer):
         conv_norm: str = "layer",
         subsampling_filters: int = 144,
         recompute: bool = False,
+        chunk_frames: int = 0,
+        left_chunks: int = -1,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.d_model, self.num_blocks, self.num_heads = d_model, num_blocks, num_heads
         self.kernel_size, self.dropout, self.conv_norm = kernel_size, dropout, conv_norm
         self.subsampling_filters, self.recompute = subsampling_filters, recompute
+        self.chunk_frames, self.left_chunks = chunk_frames, left_chunks
         self.subsampling = ConvSubsampling(subsampling_filters, d_model)
         self.seeds = keras.random.SeedGenerator()
+        causal = chunk_frames > 0
         self.blocks = [
-            ConformerBlock(d_model, num_heads, kernel_size, dropout, conv_norm)
+            ConformerBlock(d_model, num_heads, kernel_size, dropout, conv_norm, causal)
             for _ in range(num_blocks)
         ]
 
@@ -217,6 +301,10 @@ class ConformerEncoder(CompositeLayer):
 
     def call(self, features, feature_lengths, training=False):
         x, lengths = self.subsampling(features, feature_lengths)
+        allowed = None
+        if self.chunk_frames:
+            positions = tf.range(tf.shape(x)[1])
+            allowed = chunk_mask(positions, positions, self.chunk_frames, self.left_chunks)
         # Drawn here, outside any recomputed block, so a recomputation replays the masks.
         seed = block_seeds(self.seeds, training and self.dropout > 0)
         x = seeded_dropout(x, self.dropout, seed, 0, training)
@@ -224,10 +312,55 @@ class ConformerEncoder(CompositeLayer):
             block_seed = tf.random.experimental.stateless_fold_in(seed, index + 1)
 
             def run(x, block=block, block_seed=block_seed):
-                return block(x, lengths, training=training, seed=block_seed)
+                return block(x, lengths, training=training, seed=block_seed, allowed=allowed)
 
             x = maybe_recomputed(run, self.recompute and training)(x)
         return x, lengths
+
+    @property
+    def streams(self) -> bool:
+        return self.chunk_frames > 0
+
+    def initial_stream_state(self, batch_size):
+        """(subsampled frames waiting for their chunk to fill, frames encoded so far, each
+        block's (keys, values, convolution tail))."""
+        head_dim = self.d_model // self.num_heads
+        empty = tf.zeros([batch_size, 0, self.num_heads, head_dim], self.compute_dtype)
+        tail = tf.zeros([batch_size, self.kernel_size - 1, self.d_model], self.compute_dtype)
+        pending = tf.zeros([batch_size, 0, self.d_model], self.compute_dtype)
+        blocks = [(empty, empty, tail) for _ in self.blocks]
+        return (pending, tf.constant(0, tf.int32), blocks)
+
+    def stream(self, features, state):
+        """The next feature frames of streams encoded up to here (as `LSTMEncoder.stream`)
+        -> (the encoder frames of every chunk now complete, the new state). A chunk's frames
+        attend to each other, so none leaves before its chunk is whole: `finish_stream`
+        encodes the last, partial one."""
+        pending, offset, blocks = state
+        x = tf.concat([pending, subsample_piece(self.subsampling, features)], axis=1)
+        ready = tf.shape(x)[1] // self.chunk_frames * self.chunk_frames
+        out, state = self._stream_blocks(x[:, :ready], offset, blocks)
+        return out, (x[:, ready:], *state)
+
+    def finish_stream(self, state):
+        """The end of the streams: the frames of the last, partial chunk."""
+        pending, offset, blocks = state
+        out, state = self._stream_blocks(pending, offset, blocks)
+        return out, (pending[:, :0], *state)
+
+    def _stream_blocks(self, x, offset, blocks):
+        history = tf.shape(blocks[0][0])[1]
+        positions = offset + tf.range(tf.shape(x)[1])
+        keys_at = offset - history + tf.range(history + tf.shape(x)[1])
+        allowed = chunk_mask(positions, keys_at, self.chunk_frames, self.left_chunks)
+        kept = []
+        for block, state in zip(self.blocks, blocks, strict=True):
+            x, (keys, values, tail) = block.stream(x, state, offset, allowed)
+            if self.left_chunks >= 0:  # only the chunks the next chunk may attend to
+                start = tf.maximum(tf.shape(keys)[1] - self.left_chunks * self.chunk_frames, 0)
+                keys, values = keys[:, start:], values[:, start:]
+            kept.append((keys, values, tail))
+        return x, (offset + tf.shape(x)[1], kept)
 
     def get_config(self):
         return {
@@ -240,4 +373,6 @@ class ConformerEncoder(CompositeLayer):
             "conv_norm": self.conv_norm,
             "subsampling_filters": self.subsampling_filters,
             "recompute": self.recompute,
+            "chunk_frames": self.chunk_frames,
+            "left_chunks": self.left_chunks,
         }

@@ -9,7 +9,6 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from asrkit.features import MIN_FEATURE_FRAMES
 from asrkit.models.layers import (
     CompositeLayer,
     block_seeds,
@@ -17,7 +16,7 @@ from asrkit.models.layers import (
     seeded_dropout,
     zero_padding,
 )
-from asrkit.models.subsampling import ConvSubsampling
+from asrkit.models.subsampling import ConvSubsampling, subsample_piece
 
 
 @keras.saving.register_keras_serializable(package="asrkit")
@@ -59,6 +58,12 @@ class LSTMEncoder(CompositeLayer):
             x = maybe_recomputed(run, self.recompute and training)(x)
         return zero_padding(x, lengths), lengths
 
+    streams = True  # causal: streams without chunks
+
+    def finish_stream(self, state):
+        """The end of the streams: nothing waits (every frame left when it was made)."""
+        return tf.zeros([tf.shape(state[0][0])[0], 0, self.units], self.compute_dtype), state
+
     def initial_stream_state(self, batch_size) -> list[tuple[tf.Tensor, tf.Tensor]]:
         """Each LSTM layer's (h, c) before a stream's first frame."""
         zeros = tf.zeros([batch_size, self.units], self.compute_dtype)
@@ -71,13 +76,7 @@ class LSTMEncoder(CompositeLayer):
         sees feature frames [4t, 4t + 6] and the LSTMs are causal, so encoding a stream in
         pieces makes the frames of one call on the whole (inference only: no dropout). The
         caller keeps the features from 4 × (frames returned) on for the next piece."""
-        batch, frames = tf.shape(features)[0], tf.shape(features)[1]
-        # Too few frames for the convolutions: zero frames after the real ones change only
-        # encoder frames past encoder_frames(F), which are cut off.
-        short = tf.maximum(MIN_FEATURE_FRAMES - frames, 0)
-        features = tf.pad(features, [[0, 0], [0, short], [0, 0]])
-        x, lengths = self.subsampling(features, tf.fill([batch], frames))
-        x = x[:, : lengths[0]]
+        x = subsample_piece(self.subsampling, features)
         new_state = []
         for lstm, norm, (h, c) in zip(self.lstms, self.norms, state, strict=True):
             out, h, c = _run_cell(lstm.cell, x, h, c)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from asrkit.features import conv_frames, encoder_frames
+from asrkit.features import MIN_FEATURE_FRAMES, conv_frames, encoder_frames
 from asrkit.models.layers import CompositeLayer, zero_padding
 
 
@@ -45,3 +45,16 @@ class ConvSubsampling(CompositeLayer):
 
     def get_config(self):
         return {**super().get_config(), "filters": self.filters, "output_dim": self.output_dim}
+
+
+def subsample_piece(subsampling: ConvSubsampling, features):
+    """The encoder frames of the next piece of streams: features [B, F, mel], all real,
+    starting at 4 × the frames made so far (F may be < 7) -> [B, encoder_frames(F), D]. The
+    caller keeps the features from 4 × (frames returned) on for the next piece."""
+    batch, frames = tf.shape(features)[0], tf.shape(features)[1]
+    # Too few frames for the convolutions: zero frames after the real ones change only
+    # encoder frames past encoder_frames(F), which are cut off.
+    short = tf.maximum(MIN_FEATURE_FRAMES - frames, 0)
+    features = tf.pad(features, [[0, 0], [0, short], [0, 0]])
+    x, lengths = subsampling(features, tf.fill([batch], frames))
+    return x[:, : lengths[0]]

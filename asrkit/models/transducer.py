@@ -29,7 +29,7 @@ def build_encoder(config: EncoderConfig):
     return ConformerEncoder(
         config.d_model, config.num_blocks, config.num_heads, config.kernel_size, config.dropout,
         config.conv_norm, config.subsampling_filters, recompute=config.recompute,
-        name="encoder",
+        chunk_frames=config.chunk_frames, left_chunks=config.left_chunks, name="encoder",
     )  # fmt: skip
 
 

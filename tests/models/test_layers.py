@@ -79,6 +79,9 @@ def test_layer_runs_in_mixed_float16(name):
 
 ENCODERS = {
     "conformer": lambda: ConformerEncoder(16, 2, 2, 5, 0.0, "layer", 8),
+    "chunked conformer": lambda: ConformerEncoder(
+        16, 2, 2, 5, 0.0, "layer", 8, chunk_frames=2, left_chunks=1
+    ),
     "lstm": lambda: LSTMEncoder(16, 2, 0.0, 8),
 }
 

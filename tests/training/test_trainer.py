@@ -511,3 +511,11 @@ def test_two_worker_training_equals_one_process_with_the_same_global_batches(wor
 def test_verify_accumulation_passes_with_an_auxiliary_ctc_loss(workdir):
     report = _verify(workdir, "model.ctc_weight=0.5")
     assert report.passed and report.max_relative_difference < 1e-5
+
+
+def test_verify_accumulation_passes_with_a_chunked_conformer(workdir):
+    report = _verify(workdir, "model.encoder.kind=conformer", "model.encoder.d_model=16",
+                     "model.encoder.num_blocks=1", "model.encoder.num_heads=2",
+                     "model.encoder.kernel_size=5", "model.encoder.chunk_frames=4",
+                     "model.encoder.left_chunks=1")  # fmt: skip
+    assert report.passed and report.max_relative_difference < 1e-5
