@@ -27,7 +27,7 @@ from tests.tiny import tiny_model_config
 
 REAL = Path(__file__).parent / "data" / "realspeech"
 
-SERVE_WITHOUT_ASRKIT = r"""
+WITHOUT_ASRKIT = r"""
 import importlib.abc, json, sys
 
 class NoAsrkit(importlib.abc.MetaPathFinder):
@@ -39,6 +39,11 @@ sys.meta_path.insert(0, NoAsrkit())
 import soundfile, tensorflow as tf
 
 loaded = tf.saved_model.load(sys.argv[1])
+"""
+
+SERVE_WITHOUT_ASRKIT = (
+    WITHOUT_ASRKIT
+    + r"""
 serve, serve_batch = loaded.signatures["serving_default"], loaded.signatures["serve_batch"]
 
 def plain(value):
@@ -62,6 +67,7 @@ batch = {k: plain(v) for k, v in batch.items()}
 assert not any(m.split(".")[0] == "asrkit" for m in sys.modules)
 print(json.dumps({"single": single, "batch": batch}))
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +277,7 @@ def _by_path(transcripts):
     return {t.path: t.hypothesis for t in transcripts}
 
 
+@pytest.mark.slow
 def test_streaming_transcription_equals_whole_file_greedy(experiment, tmp_path):
     """`asrkit transcribe --streaming` (0.13 s pieces, from another directory): the same
     JSON as greedy search on each whole file, the text so far on stderr as it grows."""
@@ -315,18 +322,9 @@ def test_streaming_transcription_equals_whole_file_greedy(experiment, tmp_path):
         assert "Traceback" not in run.stderr
 
 
-STREAM_WITHOUT_ASRKIT = r"""
-import importlib.abc, json, sys
-
-class NoAsrkit(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "asrkit":
-            raise ImportError("asrkit must not be needed to serve an export")
-
-sys.meta_path.insert(0, NoAsrkit())
-import soundfile, tensorflow as tf
-
-loaded = tf.saved_model.load(sys.argv[1])
+STREAM_WITHOUT_ASRKIT = (
+    WITHOUT_ASRKIT
+    + r"""
 step = loaded.signatures["stream_step"]
 results = []
 for path in sys.argv[2:]:
@@ -346,6 +344,7 @@ for path in sys.argv[2:]:
     results.append({"tokens": tokens, "times": times, "texts": texts})
 print(json.dumps(results))
 """
+)
 
 
 @pytest.mark.parametrize(

@@ -138,6 +138,7 @@ def test_frequency_warp_is_linear_interpolation_of_the_mel_axis(factor):
     assert abs(np.argmax(moved) - 30 * factor) <= 1.0
 
 
+@pytest.mark.slow
 def test_frequency_warp_applies_before_normalising_in_training_only(tmp_path):
     files, lengths = fake_shards(tmp_path)
     base = PipelineConfig(batch_seconds=8.0, num_buckets=4, spec_augment=None)

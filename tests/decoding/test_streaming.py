@@ -47,7 +47,14 @@ def normalize(clip):
     return GlobalNormalizer.fit([log_mel(clip, FEATURES).numpy()])
 
 
-@pytest.fixture(scope="module", params=list(ENCODERS))
+@pytest.fixture(
+    scope="module",
+    params=[
+        "lstm",
+        "conformer, 1 chunk back",
+        pytest.param("conformer, all back", marks=pytest.mark.slow),
+    ],
+)
 def network(request, clip, normalize):
     keras.utils.set_random_seed(5)
     config = dataclasses.replace(tiny_model_config(units=16), encoder=ENCODERS[request.param])

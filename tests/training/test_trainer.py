@@ -513,6 +513,7 @@ def test_verify_accumulation_passes_with_an_auxiliary_ctc_loss(workdir):
     assert report.passed and report.max_relative_difference < 1e-5
 
 
+@pytest.mark.slow
 def test_verify_accumulation_passes_with_a_chunked_conformer(workdir):
     report = _verify(workdir, "model.encoder.kind=conformer", "model.encoder.d_model=16",
                      "model.encoder.num_blocks=1", "model.encoder.num_heads=2",
