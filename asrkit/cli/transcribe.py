@@ -101,7 +101,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_streaming(args) -> None:
     if args.model:
-        raise InputError("--streaming decodes with --exp-dir (a streaming export is not there yet)")
+        raise InputError(
+            "--streaming decodes with --exp-dir; a streaming export (asrkit export --streaming) "
+            "is served through its stream_step signature"
+        )
     if args.method != "greedy":
         raise InputError("--streaming decodes greedily: drop --method beam")
     if not args.chunk_seconds > 0:
