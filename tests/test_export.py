@@ -347,9 +347,8 @@ print(json.dumps(results))
 )
 
 
-@pytest.mark.parametrize(
-    "kind", ["experiment", pytest.param("chunked_experiment", marks=pytest.mark.slow)]
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["experiment", "chunked_experiment"])
 def test_streaming_export_serves_pieces_without_asrkit(kind, request, tmp_path):
     """`asrkit export --streaming`: a process that cannot import asrkit feeds real clips in
     0.13 s pieces and ends with the tokens, times and text of greedy search on each whole

@@ -51,7 +51,7 @@ def normalize(clip):
     scope="module",
     params=[
         "lstm",
-        "conformer, 1 chunk back",
+        pytest.param("conformer, 1 chunk back", marks=pytest.mark.slow),
         pytest.param("conformer, all back", marks=pytest.mark.slow),
     ],
 )
