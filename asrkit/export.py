@@ -161,13 +161,9 @@ def export_streaming(
 
     experiment = load_experiment(exp_dir, checkpoint, average)
     model, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
-    normalizer = experiment.normalizer
-    mean = tf.constant(normalizer.mean if normalizer else 0.0, tf.float32)
-    std = tf.constant(normalizer.std if normalizer else 1.0, tf.float32)
     decoder = StreamingDecoder(
-        model, config.features, lambda mel: (mel - mean) / std,
-        config.decode.max_symbols_per_step,
-    )  # fmt: skip
+        model, config.features, experiment.normalizer, config.decode.max_symbols_per_step
+    )
     pieces = tf.constant(tokenizer.surface_pieces())
     clock = FrameClock.of(config.features)
     template = decoder.initial_state()
@@ -178,6 +174,7 @@ def export_streaming(
         tf.TensorSpec([None if d == 0 else d for d in t.shape], t.dtype, name=name)
         for t, name in zip(flat, names, strict=True)
     ]
+    spec_of = dict(zip(names, specs, strict=True))
 
     def initial_state():
         return dict(zip(names, tf.nest.flatten(decoder.initial_state()), strict=True))
@@ -197,10 +194,7 @@ def export_streaming(
         axis that can be empty carries one padding entry in front."""
         state = [_drop_front(t, spec) for t, spec in zip(state, specs, strict=True)]
         outputs = run(samples, state)[1]
-        return {
-            key: _pad_front(value, specs[names.index(key)] if key in names else None)
-            for key, value in outputs.items()
-        }
+        return {key: _pad_front(value, spec_of.get(key)) for key, value in outputs.items()}
 
     def stream_tokens(samples, *state):
         return lite(samples, state)

@@ -188,22 +188,27 @@ def stream_file(
     rate = recogniser.sample_rate
     samples = read_audio(str(path), rate)
     chunk = max(1, round(chunk_seconds * rate))
-    state, shown, started = decoder.initial_state(), "", time.monotonic()
-    starts = list(range(0, max(len(samples), 1), chunk))
-    for start in [*starts, None]:  # None: the end of the stream
-        if start is None:
-            step = decoder.finish(state)
-        else:
-            if realtime:
-                time.sleep(max(0.0, started + (start + chunk) / rate - time.monotonic()))
-            step = decoder.step(samples[start : start + chunk], state)
-        state = step.state
+    shown, started = "", time.monotonic()
+
+    def show(step, consumed: int) -> None:
+        nonlocal shown
         if on_partial is not None and len(step.tokens):
-            text = recogniser.tokenizer.decode(state.tokens.numpy().tolist())
+            text = recogniser.tokenizer.decode(step.state.tokens.numpy().tolist())
             if text != shown:
-                at = len(samples) if start is None else min(start + chunk, len(samples))
-                on_partial(at / rate, text)
+                on_partial(consumed / rate, text)
                 shown = text
+
+    state = decoder.initial_state()
+    for start in range(0, len(samples), chunk):
+        end = min(start + chunk, len(samples))
+        if realtime:
+            time.sleep(max(0.0, started + (start + chunk) / rate - time.monotonic()))
+        step = decoder.step(samples[start:end], state)
+        show(step, end)
+        state = step.state
+    step = decoder.finish(state)  # the last, partial chunk of a chunked Conformer
+    show(step, len(samples))
+    state = step.state
     tokens = state.tokens.numpy().tolist()
     hypothesis = Hypothesis(
         tokens, state.token_frames.numpy().tolist(), float(state.score),
