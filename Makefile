@@ -15,10 +15,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 # The main job: the mini recipe, from synthesising the corpus to the test-set WER.
-# SEED picks another corpus (voices, held-out split, texts) and training seed.
+# SEED picks another corpus (voices, held-out split, texts) and training seed; SET passes
+# config overrides to training, e.g. make demo SET="model.loss=pruned".
 SEED ?= 0
+SET ?=
 demo: $(VENV)/.installed
-	ASRKIT=$(abspath $(BIN))/asrkit bash recipes/mini/run.sh --work exp/mini --seed $(SEED)
+	ASRKIT=$(abspath $(BIN))/asrkit bash recipes/mini/run.sh --work exp/mini --seed $(SEED) $(foreach kv,$(SET),--set $(kv))
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest

@@ -7,6 +7,7 @@ search and greedy, the training stage's time and the whole command's time. Print
 per run, then the median and the worst; writes the rows as JSON.
 
     python tools/demo_runs.py [--runs 3] [--seeds 0 1 2] [--work /tmp/asrkit-demo-runs]
+                              [--set model.loss=pruned ...]
 
 Runs are sequential on purpose: two at once on the same cores would measure each other.
 `--seeds` varies the corpus (texts, voices, which voices are held out) and the training
@@ -29,13 +30,14 @@ REPO = Path(__file__).resolve().parents[1]
 STAGE_TIME = re.compile(r"stage (\d+) \((\w+)\) took (\d+) s")
 
 
-def one_run(work: Path, seed: int, log) -> dict:
+def one_run(work: Path, seed: int, log, sets: list[str]) -> dict:
     if work.exists():
         shutil.rmtree(work)
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(work)], check=True)
     start = time.perf_counter()
     with open(work / "demo.log", "w") as out:
-        done = subprocess.run(["make", "demo", f"SEED={seed}"], cwd=work, stdout=out,
+        make = ["make", "demo", f"SEED={seed}"] + ([f"SET={' '.join(sets)}"] if sets else [])
+        done = subprocess.run(make, cwd=work, stdout=out,
                               stderr=subprocess.STDOUT)  # fmt: skip
     total = time.perf_counter() - start
     text = (work / "demo.log").read_text()
@@ -63,6 +65,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seeds", type=int, nargs="+", help="one per run (default: all 0)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/asrkit-demo-runs"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a training config override for every run (repeatable)")  # fmt: skip
     parser.add_argument("--out", type=Path, help="JSON rows (default: <work>/runs.json)")
     args = parser.parse_args()
     seeds = args.seeds or [0] * args.runs
@@ -75,7 +79,7 @@ def main() -> None:
     rows = []
     for index, seed in enumerate(seeds):
         log(f"run {index + 1}/{len(seeds)}: seed {seed}")
-        rows.append(one_run(args.work / f"run{index + 1}-seed{seed}", seed, log))
+        rows.append(one_run(args.work / f"run{index + 1}-seed{seed}", seed, log, args.set))
         out.write_text(json.dumps(rows, indent=1) + "\n")
     good = [r for r in rows if "failed" not in r]
     print("\n| run | seed | WER beam 4 | WER greedy | training | make demo |")
