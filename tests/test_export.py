@@ -280,7 +280,8 @@ def _by_path(transcripts):
 @pytest.mark.slow
 def test_streaming_transcription_equals_whole_file_greedy(experiment, tmp_path):
     """`asrkit transcribe --streaming` (0.13 s pieces, from another directory): the same
-    JSON as greedy search on each whole file, the text so far on stderr as it grows."""
+    JSON as greedy search on each whole file, the text so far on stderr as it grows; with
+    --method beam, the same n-best as beam search on each whole file."""
     import soundfile
 
     _, exp, utts = experiment
@@ -290,13 +291,27 @@ def test_streaming_transcription_equals_whole_file_greedy(experiment, tmp_path):
                     16000)  # fmt: skip
     paths = [utts[1].audio_path, str(long_file)]
     runs = {}
-    for extra in (["--streaming", "--chunk-seconds", "0.13"], ["--max-seconds", "1000"]):
+    beam = ["--method", "beam", "--beam", "4", "--nbest", "4"]
+    for name, extra in {
+        "--streaming": ["--streaming", "--chunk-seconds", "0.13"],
+        "--max-seconds": ["--max-seconds", "1000"],
+        "streaming beam": ["--streaming", "--chunk-seconds", "0.21", *beam],
+        "beam": ["--max-seconds", "1000", *beam],
+    }.items():
         run = subprocess.run(
             [asrkit, "transcribe", *paths, "--exp-dir", str(exp), "--format", "json", *extra],
             capture_output=True, text=True, timeout=300, cwd=tmp_path,
         )  # fmt: skip
         assert run.returncode == 0, run.stderr[-2000:]
-        runs[extra[0]] = run
+        runs[name] = run
+    streamed_beam = [json.loads(line) for line in runs["streaming beam"].stdout.splitlines()]
+    whole_beam = [json.loads(line) for line in runs["beam"].stdout.splitlines()]
+    for s, w in zip(streamed_beam, whole_beam, strict=True):
+        assert s["text"] == w["text"]
+        assert [h["text"] for h in s["nbest"]] == [h["text"] for h in w["nbest"]]
+        assert [h["score"] for h in s["nbest"]] == pytest.approx(
+            [h["score"] for h in w["nbest"]], abs=1e-3
+        )
     streamed = [json.loads(line) for line in runs["--streaming"].stdout.splitlines()]
     whole = [json.loads(line) for line in runs["--max-seconds"].stdout.splitlines()]
     assert [s["text"] for s in streamed] == [w["text"] for w in whole]
@@ -312,7 +327,6 @@ def test_streaming_transcription_equals_whole_file_greedy(experiment, tmp_path):
             assert lines[-1][1] == result["text"]
             assert [at for at, _ in lines] == sorted(at for at, _ in lines)
     for wrong, says in [
-        (["--streaming", "--method", "beam"], "greedily"),
         (["--streaming", "--chunk-seconds", "0"], "--chunk-seconds"),
         (["--realtime"], "--streaming"),
     ]:

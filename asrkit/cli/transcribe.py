@@ -39,7 +39,8 @@ def register(subparsers) -> None:
     transcribe.add_argument(
         "--streaming", action="store_true",
         help="decode each file as a stream, --chunk-seconds at a time, printing the text so "
-             "far to stderr as it grows (greedy; needs a causal encoder; --exp-dir)",
+             "far to stderr as it changes (greedy or --method beam; needs an encoder that "
+             "streams; --exp-dir)",
     )  # fmt: skip
     transcribe.add_argument("--chunk-seconds", type=float, default=0.32,
                             help="--streaming: audio per step (0.32)")  # fmt: skip
@@ -105,8 +106,6 @@ def _check_streaming(args) -> None:
             "--streaming decodes with --exp-dir; a streaming export (asrkit export --streaming) "
             "is served through its stream_step signature"
         )
-    if args.method != "greedy":
-        raise InputError("--streaming decodes greedily: drop --method beam")
     if not args.chunk_seconds > 0:
         raise InputError(f"--chunk-seconds must be > 0, got {args.chunk_seconds}")
 

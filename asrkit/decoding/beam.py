@@ -40,34 +40,56 @@ def beam_search(model, encoded, encoder_lengths, beam: int = 4, max_symbols_per_
     the log-probability of the hypothesis (summed over the alignments merged into it); a
     token's log-prob is the joint's log-posterior of it on the alignment that was kept.
     """
-    batch, num_frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
-    k, rounds = int(beam), int(max_symbols_per_step)
-    capacity = num_frames * rounds
+    beams = beam_start(model, tf.shape(encoded)[0], beam)
+    beams = beam_continue(model, encoded, encoder_lengths, beams, max_symbols_per_step)
+    return beam_found(beams)
+
+
+def beam_start(model, batch, beam: int) -> Beams:
+    """The K hypotheses of each utterance before any frame: one empty, K - 1 empty slots."""
+    k = int(beam)
     predictor = model.predictor
     pred_out, state = predictor.step(
         tf.fill([batch * k], BLANK_ID), predictor.initial_state(batch * k)
     )
-    beams = _Beams(
+    return Beams(
         pred_out=pred_out,
         state=state,
-        tokens=tf.fill([batch, k, capacity], -1),
-        frames=tf.fill([batch, k, capacity], -1),
-        log_probs=tf.zeros([batch, k, capacity], tf.float32),
+        tokens=tf.fill([batch, k, 0], -1),
+        frames=tf.fill([batch, k, 0], -1),
+        log_probs=tf.zeros([batch, k, 0], tf.float32),
         counts=tf.zeros([batch, k], tf.int32),
         scores=tf.concat([tf.zeros([batch, 1]), tf.fill([batch, k - 1], DEAD_SCORE)], axis=1),
         hashes=tf.zeros([batch, k], tf.int64),
     )
-    slot = tf.range(k)
+
+
+def beam_continue(
+    model, encoded, encoder_lengths, beams: Beams, max_symbols_per_step: int = 1, first_frame=0
+) -> Beams:
+    """The search over `encoded` from `beams` (`beam_start`, or what an earlier call on the
+    frames before returned). Token frames count from `first_frame`, so a stream searched
+    piece by piece keeps exactly the hypotheses one call on the whole utterance keeps."""
+    num_frames = tf.shape(encoded)[1]
+    rounds = int(max_symbols_per_step)
+    more = [[0, 0], [0, 0], [0, num_frames * rounds]]  # room for S tokens per new frame
+    beams = beams._replace(
+        tokens=tf.pad(beams.tokens, more, constant_values=-1),
+        frames=tf.pad(beams.frames, more, constant_values=-1),
+        log_probs=tf.pad(beams.log_probs, more),
+    )
+    slot = tf.range(tf.shape(beams.scores)[1])
 
     def frame_body(t, entering):
-        not_done = tf.zeros([batch, k], tf.bool)
+        not_done = tf.zeros_like(entering.counts, tf.bool)
         scores = _merge(entering.scores, entering.hashes, entering.counts, not_done, slot)
         beams = entering._replace(scores=scores)
-        done = tf.tile(~(t < encoder_lengths)[:, None], [1, k])  # past the end: stay
-        frame = tf.repeat(encoded[:, t, :], k, axis=0)  # [B·K, D]
+        done = tf.tile(~(t < encoder_lengths)[:, None], [1, tf.size(slot)])  # past the end
+        frame = tf.repeat(encoded[:, t, :], tf.size(slot), axis=0)  # [B·K, D]
 
         def round_body(s, done, beams):
-            return (s + 1, *_expand(model, frame, t, s == rounds - 1, done, beams, slot))
+            last_round = s == rounds - 1
+            return (s + 1, *_expand(model, frame, t + first_frame, last_round, done, beams, slot))
 
         _, _, beams = tf.while_loop(
             lambda s, done, _: tf.logical_and(s < rounds, ~tf.reduce_all(done)),
@@ -77,6 +99,11 @@ def beam_search(model, encoded, encoder_lengths, beam: int = 4, max_symbols_per_
         return t + 1, _same_shapes(beams, entering)
 
     _, beams = tf.while_loop(lambda t, _: t < num_frames, frame_body, [0, beams])
+    return beams
+
+
+def beam_found(beams: Beams) -> Found:
+    """The hypotheses as a `Found`, best first."""
     order = tf.argsort(beams.scores, axis=1, direction="DESCENDING", stable=True)
     fields = (beams.tokens, beams.frames, beams.log_probs, beams.counts, beams.scores)
     return Found(*(tf.gather(x, order, batch_dims=1) for x in fields))
@@ -90,7 +117,7 @@ def live_slots(scores):
     return tf.logical_or(first, scores > DEAD_SCORE / 2)
 
 
-class _Beams(NamedTuple):
+class Beams(NamedTuple):
     """K hypotheses per utterance; predictor tensors are flattened to B·K rows."""
 
     pred_out: tf.Tensor  # [B·K, Dp]
@@ -103,7 +130,7 @@ class _Beams(NamedTuple):
     hashes: tf.Tensor  # [B, K]
 
 
-def _expand(model, frame, t, last_round, done, beams: _Beams, slot):
+def _expand(model, frame, t, last_round, done, beams: Beams, slot):
     """One round at frame t: every unfinished hypothesis x every symbol, finished ones as
     they are; keep the K best, merge equal sequences, advance the predictor."""
     batch, k = tf.shape(beams.scores)[0], tf.size(slot)
@@ -145,7 +172,7 @@ def _expand(model, frame, t, last_round, done, beams: _Beams, slot):
         tf.where(tf.reshape(emit, [-1]), tf.reshape(symbol, [-1]), BLANK_ID), kept_state
     )
     pick = lambda new, old: tf.where(flat_emit, new, old)  # noqa: E731
-    new = _Beams(
+    new = Beams(
         pred_out=pick(stepped_out, kept_out),
         state=tf.nest.map_structure(pick, stepped_state, kept_state),
         tokens=tokens,
@@ -158,7 +185,7 @@ def _expand(model, frame, t, last_round, done, beams: _Beams, slot):
     return new_done, _same_shapes(new, beams)
 
 
-def _same_shapes(new: _Beams, old: _Beams) -> _Beams:
+def _same_shapes(new: Beams, old: Beams) -> Beams:
     """The static shapes the loop variables entered with (dynamic ops lose what tracing
     knew, and tf.while_loop rejects a loop variable whose shape loosens)."""
     return tf.nest.map_structure(lambda n, o: tf.ensure_shape(n, o.shape), new, old)

@@ -51,7 +51,7 @@ def decode_batch(
 ) -> list[Hypothesis]:
     """features [B, T, F], feature_lengths [B] -> the best `Hypothesis` of each utterance."""
     found = _search(model, features, feature_lengths, options)
-    return [hypotheses[0] for hypotheses in _hypotheses(found, tokenizer, limit=1)]
+    return [hypotheses[0] for hypotheses in found_hypotheses(found, tokenizer, limit=1)]
 
 
 def decode_nbest(
@@ -60,7 +60,7 @@ def decode_nbest(
     """features [B, T, F], feature_lengths [B] -> each utterance's hypotheses, best first
     (beam search: up to `options.beam`, empty beam slots left out; greedy: one)."""
     found = _search(model, features, feature_lengths, options)
-    return _hypotheses(found, tokenizer, limit=None)
+    return found_hypotheses(found, tokenizer)
 
 
 def _search(model, features, feature_lengths, options: DecodeOptions | None) -> Found:
@@ -69,7 +69,7 @@ def _search(model, features, feature_lengths, options: DecodeOptions | None) -> 
     )
 
 
-def _hypotheses(found: Found, tokenizer, limit: int | None) -> list[list[Hypothesis]]:
+def found_hypotheses(found: Found, tokenizer, limit: int | None = None) -> list[list[Hypothesis]]:
     """Each row's live hypotheses (at most `limit`, best first) as `Hypothesis` objects."""
     alive = live_slots(found.scores).numpy()
     tokens, frames, log_probs, counts, scores = (x.numpy() for x in found)

@@ -9,7 +9,10 @@ every token found so far with its frame. Nothing is recomputed: feature frames, 
 frames and the search depend only on what came before them (and, for a chunked Conformer, on
 the rest of their chunk), so feeding a waveform in any pieces, then `finish` (the last,
 partial chunk), finds exactly the tokens (and frames) greedy search finds on the whole
-waveform (tested). That needs an encoder that streams: the LSTM encoder (causal), or a
+waveform (tested). With `beam` > 1 the state carries modified beam search's hypotheses
+instead, and the stream ends with exactly the hypotheses beam search keeps on the whole
+waveform (tested); its text so far is the best hypothesis so far, which a later frame can
+revise. That needs an encoder that streams: the LSTM encoder (causal), or a
 Conformer trained with chunks (`model.encoder.chunk_frames`); a full-context Conformer
 attends to the whole utterance.
 """
@@ -21,6 +24,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from asrkit.config import FeatureConfig
+from asrkit.decoding.beam import Beams, beam_continue, beam_found, beam_start
 from asrkit.decoding.greedy import greedy_continue, greedy_start
 from asrkit.decoding.words import SUBSAMPLING
 from asrkit.errors import UserError
@@ -31,25 +35,28 @@ class StreamState(NamedTuple):
     samples: tf.Tensor  # [S] float32, S < frame_length: waveform not yet in a feature frame
     features: tf.Tensor  # [F, mel]: normalised frames from 4 × `frames` on
     encoder: list  # the encoder's recurrent state, [batch 1]
-    carry: tuple  # greedy search: (predictor output, predictor state), [batch 1]
+    # greedy: (predictor output, predictor state), [batch 1]; beam: `Beams` of one stream
+    carry: tuple
     frames: tf.Tensor  # scalar int32: encoder frames decoded so far
-    tokens: tf.Tensor  # [N] int32: every token so far
+    tokens: tf.Tensor  # [N] int32: every token so far (beam: of the best hypothesis)
     token_frames: tf.Tensor  # [N] int32: the encoder frame each was emitted at
     token_log_probs: tf.Tensor  # [N] float32: each token's log-posterior where emitted
-    score: tf.Tensor  # scalar float32: Σ log-probs of every decision so far
+    score: tf.Tensor  # scalar float32: Σ log-probs of every decision so far (beam: of the best)
 
 
 class StreamStep(NamedTuple):
-    tokens: tf.Tensor  # [n] int32: the tokens this piece of audio added
+    # greedy: the tokens this piece of audio added; beam: the best hypothesis so far
+    tokens: tf.Tensor  # [n] int32
     token_frames: tf.Tensor  # [n] int32
     state: StreamState
 
 
 class StreamingDecoder:
-    """`decoder.step(samples, state)` for one stream; `decoder.initial_state()` to start."""
+    """`decoder.step(samples, state)` for one stream; `decoder.initial_state()` to start.
+    `beam` 1 searches greedily; more keeps that many hypotheses (modified beam search)."""
 
     def __init__(self, network, features: FeatureConfig, normalize=None,
-                 max_symbols_per_step: int = 3):  # fmt: skip
+                 max_symbols_per_step: int = 3, beam: int = 1):  # fmt: skip
         if not getattr(network.encoder, "streams", False):
             raise UserError(
                 "streaming needs an encoder that streams: model.encoder.kind=lstm, or a "
@@ -57,7 +64,9 @@ class StreamingDecoder:
                 f"{type(network.encoder).__name__} attends to the whole utterance"
             )
         self.network, self.features, self.normalize = network, features, normalize
-        self.max_symbols_per_step = max_symbols_per_step
+        self.max_symbols_per_step, self.beam = max_symbols_per_step, int(beam)
+        if self.beam < 1:
+            raise ValueError(f"beam must be >= 1, got {beam}")
         self._compiled = tf.function(self._step, reduce_retracing=True)
         self._compiled_finish = tf.function(self._finish, reduce_retracing=True)
 
@@ -66,7 +75,9 @@ class StreamingDecoder:
             samples=tf.zeros([0], tf.float32),
             features=tf.zeros([0, self.features.num_mel_bins], tf.float32),
             encoder=self.network.encoder.initial_stream_state(1),
-            carry=greedy_start(self.network, 1),
+            carry=greedy_start(self.network, 1)
+            if self.beam == 1
+            else beam_start(self.network, 1, self.beam),
             frames=tf.constant(0, tf.int32),
             tokens=tf.zeros([0], tf.int32),
             token_frames=tf.zeros([0], tf.int32),
@@ -104,9 +115,11 @@ class StreamingDecoder:
         return self._search(encoded, state._replace(encoder=encoder_state))
 
     def _search(self, encoded, state: StreamState) -> StreamStep:
-        """Greedy search over the newly encoded frames, from the state's carry."""
+        """The search over the newly encoded frames, from the state's carry."""
         encoded = tf.reshape(encoded, [1, -1, encoded.shape[-1]])  # one stream, known
         ready = tf.shape(encoded)[1]
+        if self.beam > 1:
+            return self._beam_search(encoded, ready, state)
         found, carry = greedy_continue(
             self.network, encoded, ready[None], state.carry, self.max_symbols_per_step,
             first_frame=state.frames,
@@ -124,5 +137,31 @@ class StreamingDecoder:
                 token_frames=tf.concat([state.token_frames, new_frames], axis=0),
                 token_log_probs=tf.concat([state.token_log_probs, new_log_probs], axis=0),
                 score=state.score + found.scores[0],
+            ),
+        )
+
+    def _beam_search(self, encoded, ready, state: StreamState) -> StreamStep:
+        beams = beam_continue(
+            self.network, encoded, ready[None], Beams(*state.carry), self.max_symbols_per_step,
+            first_frame=state.frames,
+        )  # fmt: skip
+        room = tf.reduce_max(beams.counts)  # token slots beyond every count stay free
+        beams = beams._replace(
+            tokens=beams.tokens[:, :, :room], frames=beams.frames[:, :, :room],
+            log_probs=beams.log_probs[:, :, :room],
+        )  # fmt: skip
+        best = beam_found(beams)
+        count = best.counts[0, 0]
+        tokens, frames = best.tokens[0, 0, :count], best.frames[0, 0, :count]
+        return StreamStep(
+            tokens,
+            frames,
+            state._replace(
+                carry=beams,
+                frames=state.frames + ready,
+                tokens=tokens,
+                token_frames=frames,
+                token_log_probs=best.token_log_probs[0, 0, :count],
+                score=best.scores[0, 0],
             ),
         )

@@ -19,9 +19,10 @@ import tensorflow as tf
 
 from asrkit.audio import read_audio
 from asrkit.config import ExperimentConfig
+from asrkit.decoding.beam import beam_found
 from asrkit.decoding.long_audio import Window, Windowing, join_words, plan_windows
 from asrkit.decoding.runner import by_budget, featurise_samples
-from asrkit.decoding.search import DEFAULT_OPTIONS, Hypothesis, decode_nbest
+from asrkit.decoding.search import DEFAULT_OPTIONS, Hypothesis, decode_nbest, found_hypotheses
 from asrkit.decoding.words import Alignment, FrameClock, Word, align, row_words
 from asrkit.errors import InputError
 from asrkit.features import normalizer_for
@@ -176,14 +177,16 @@ def stream_file(
     on_partial=None,
 ) -> Transcript:
     """A file decoded as a stream: `chunk_seconds` of audio at a time through
-    `StreamingDecoder` (greedy; any length, no windows), calling `on_partial(seconds of
-    audio consumed, text so far)` whenever the text grows; `realtime` waits for each chunk
-    as a microphone would. The result equals greedy search on the whole file."""
+    `StreamingDecoder` (the recogniser's search, greedy or beam; any length, no windows),
+    calling `on_partial(seconds of audio consumed, text so far)` whenever the text changes;
+    `realtime` waits for each chunk as a microphone would. The result equals the same
+    search on the whole file."""
     from asrkit.decoding.streaming import StreamingDecoder
 
     decoder = StreamingDecoder(
         recogniser.model, recogniser.features, recogniser.normalize,
         recogniser.options.max_symbols_per_step,
+        recogniser.options.beam if recogniser.options.method == "beam" else 1,
     )  # fmt: skip
     rate = recogniser.sample_rate
     samples = read_audio(str(path), rate)
@@ -214,8 +217,11 @@ def stream_file(
         tokens, state.token_frames.numpy().tolist(), float(state.score),
         recogniser.tokenizer.decode(tokens), state.token_log_probs.numpy().tolist(),
     )  # fmt: skip
+    nbest = [hypothesis]
+    if decoder.beam > 1:  # the beam's live hypotheses, best first
+        (nbest,) = found_hypotheses(beam_found(state.carry), recogniser.tokenizer)
     (alignment,) = align([hypothesis], recogniser.pieces, recogniser.clock)
-    return Transcript(str(path), hypothesis, alignment.words, [hypothesis], len(samples) / rate)
+    return Transcript(str(path), hypothesis, alignment.words, nbest, len(samples) / rate)
 
 
 def _join_hypotheses(

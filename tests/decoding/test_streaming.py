@@ -1,6 +1,7 @@
-"""Streaming greedy recognition: a waveform fed in pieces of any size finds exactly the
-tokens and frames that greedy search finds on the whole waveform — with the causal LSTM
-encoder and with chunked Conformers (own chunk + 1 chunk of history, or all history)."""
+"""Streaming recognition: a waveform fed in pieces of any size finds exactly the tokens and
+frames that greedy search finds on the whole waveform, and keeps exactly the hypotheses
+beam search keeps on it — with the causal LSTM encoder and with chunked Conformers (own
+chunk + 1 chunk of history, or all history)."""
 
 import dataclasses
 from pathlib import Path
@@ -12,7 +13,9 @@ import soundfile
 import tensorflow as tf
 
 from asrkit.config import EncoderConfig, FeatureConfig
+from asrkit.decoding.beam import beam_found, beam_search
 from asrkit.decoding.greedy import greedy_search, greedy_start
+from asrkit.decoding.search import found_hypotheses
 from asrkit.decoding.streaming import StreamingDecoder
 from asrkit.errors import UserError
 from asrkit.features import GlobalNormalizer, log_mel
@@ -123,6 +126,36 @@ def test_pieces_of_any_size_find_the_whole_waveforms_tokens(network, clip, norma
     np.testing.assert_array_equal(frames, want_frames)
     assert int(state.frames) == encoder_length
     assert len(state.samples) < FEATURES.frame_length and len(state.features) < 7
+
+
+def hypotheses(found):
+    """The live hypotheses of row 0 as (tokens, frames, score), best first."""
+    return [(h.tokens, h.frames, h.score) for h in found_hypotheses(found, None)[0]]
+
+
+def test_a_stream_keeps_the_hypotheses_beam_search_keeps_on_the_whole(network, clip, normalize):
+    features = normalize(log_mel(clip, FEATURES))[None]
+    encoded, lengths = network.encode(features, tf.shape(features)[1][None])
+    want = hypotheses(beam_search(network, encoded, lengths, beam=4, max_symbols_per_step=3))
+    assert len(want) == 4 and len({tuple(t) for t, _, _ in want}) == 4
+    decoder = StreamingDecoder(network, FEATURES, normalize, max_symbols_per_step=3, beam=4)
+    rng = np.random.default_rng(3)
+    sizes = [*rng.choice([0, 1, 159, 400, 1234, 4000, 9999], size=40), len(clip)]
+    state, start, revised = decoder.initial_state(), 0, 0
+    for size in sizes:
+        step = decoder.step(clip[start : start + size], state)
+        before = state.tokens.numpy().tolist()
+        state, start = step.state, start + size
+        now = state.tokens.numpy().tolist()
+        assert step.tokens.numpy().tolist() == now  # beam: the best hypothesis so far
+        revised += now[: len(before)] != before
+    state = decoder.finish(state).state
+    got = hypotheses(beam_found(state.carry))
+    assert [(t, f) for t, f, _ in got] == [(t, f) for t, f, _ in want]
+    np.testing.assert_allclose([s for *_, s in got], [s for *_, s in want], rtol=1e-5)
+    assert state.tokens.numpy().tolist() == want[0][0]
+    assert state.token_frames.numpy().tolist() == want[0][1]
+    print(f"the best hypothesis so far was revised after {revised} of {len(sizes)} pieces")
 
 
 def test_a_conformer_cannot_stream():
