@@ -1,14 +1,18 @@
 """Benchmark the lean training step: plain joint + loss, fused, fused + recomputed encoder
-blocks, and the pruned RNN-T loss (with or without recomputation).
+blocks, and the pruned RNN-T loss (band fused or not, with or without recomputation).
 
 For the Conformer-S shape (`recipes/librispeech/conf/conformer_s.yaml`), one micro-batch of
 B utterances x S seconds with U labels, and each vocabulary size: the extra peak process
 memory of one training step (VmHWM during the step minus the resident size before it,
 after a warm-up step; a fresh subprocess per configuration, oneDNN's caching allocator off
 so freed memory is visible) and its time (median of the timed steps), side by side.
+With the `encoder` mode (the same step with the encoder's frames' mean square as the whole
+loss: no predictor, joint or transducer loss), a second table gives each mode's joint +
+loss part: its memory and time minus the encoder's, and the ratios fused / pruned.
 
     python tools/bench_joint.py [--batch 2] [--seconds 20] [--labels 80] [--vocab 64,1024,5000]
-        [--modes plain,fused,fused+recompute,pruned,pruned+recompute] [--config conf.yaml]
+        [--modes encoder,plain,fused,fused+recompute,pruned,pruned-plain,pruned+recompute]
+        [--config conf.yaml]
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ MODES = {
     "plain": {"model.fused_joint_loss": False},
     "fused": {"model.fused_joint_loss": True},
     "fused+recompute": {"model.fused_joint_loss": True, "model.encoder.recompute": True},
-    "pruned": {"model.loss": "pruned"},
+    "pruned": {"model.loss": "pruned", "model.fused_joint_loss": True},
+    "pruned-plain": {"model.loss": "pruned", "model.fused_joint_loss": False},
+    "encoder": {},
     "pruned+recompute": {"model.loss": "pruned", "model.encoder.recompute": True},
 }
 
@@ -51,6 +57,14 @@ def run(
     from asrkit.models.transducer import Transducer
     from asrkit.training.task import TransducerTask
 
+    class EncoderOnlyTask(TransducerTask):
+        """The floor of any loss: the encoder's forward and backward pass alone."""
+
+        def compute_loss_terms(self, data, training=True):
+            features, feature_lengths = data[:2]
+            encoded, _ = self.network.encode(features, feature_lengths, training=training)
+            return tf.reduce_mean(tf.square(tf.cast(encoded, tf.float32))), 1
+
     overrides = [f"{k}={str(v).lower()}" for k, v in MODES[mode].items()]
     model = load_config(config, overrides).model
     frames = int(seconds * 100)
@@ -62,7 +76,7 @@ def run(
         np.full(batch, labels, np.int32),
     )
     keras.utils.set_random_seed(0)
-    task = TransducerTask(Transducer(vocab, model))
+    task = (EncoderOnlyTask if mode == "encoder" else TransducerTask)(Transducer(vocab, model))
     task.compile(keras.optimizers.AdamW(1e-4), accumulation_steps=1)
     task.build_engine(data)
     dataset = tf.data.Dataset.from_tensors(data)
@@ -104,14 +118,37 @@ def main() -> None:
     print(f"{Path(args.config).name}, {args.batch} x {args.seconds:.0f} s, U = {args.labels}, "
           "float32: extra peak memory of one step / step time")  # fmt: skip
     print(f"{'V':>6} | " + " | ".join(f"{m:>22}" for m in modes))
+    results = {}
     for vocab in [int(v) for v in args.vocab.split(",")]:
         cells = []
         for mode in modes:
             spec = dict(mode=mode, vocab=vocab, batch=args.batch, seconds=args.seconds,
                         labels=args.labels, steps=args.steps, config=args.config)  # fmt: skip
-            r = _child(spec)
+            r = results[vocab, mode] = _child(spec)
             cells.append(f"{r['extra_mib']:7.0f} MiB {r['seconds']:7.2f} s")
         print(f"{vocab:>6} | " + " | ".join(f"{c:>22}" for c in cells), flush=True)
+    if "encoder" in modes:
+        _joint_table(results, [m for m in modes if m != "encoder"])
+
+
+def _joint_table(results: dict, modes: list[str]) -> None:
+    """Each mode minus the encoder alone: what the joint and the loss add."""
+    print("\njoint + loss only (minus the encoder-only step): memory / time")
+    ratio = "fused" in modes and "pruned" in modes
+    print(f"{'V':>6} | " + " | ".join(f"{m:>22}" for m in modes)
+          + (" | fused / pruned" if ratio else ""))  # fmt: skip
+    for vocab in sorted({v for v, _ in results}):
+        floor = results[vocab, "encoder"]
+        part = {m: {k: results[vocab, m][k] - floor[k] for k in floor} for m in modes}
+        cells = [f"{p['extra_mib']:7.0f} MiB {p['seconds']:7.2f} s" for p in part.values()]
+        line = f"{vocab:>6} | " + " | ".join(f"{c:>22}" for c in cells)
+        if ratio:
+            f, p = part["fused"], part["pruned"]
+            step = results[vocab, "fused"]["seconds"] / results[vocab, "pruned"]["seconds"]
+            memory = f["extra_mib"] / max(p["extra_mib"], 1)
+            time_ = f["seconds"] / max(p["seconds"], 1e-3)
+            line += f" | memory {memory:.1f}x, time {time_:.1f}x; whole step {step:.1f}x"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

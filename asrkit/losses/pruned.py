@@ -12,7 +12,8 @@ Two losses per utterance:
   [B, T, S, V], starting at `s_begin[b, t]` — chosen where the simple loss's occupancy
   is largest, then made monotone, gap-free (it never advances by S or more between
   frames) and anchored at u = 0 on the first frame and at U_b on the last. The band's
-  log-probs are placed into the usual [B, T, U+1] lattice (log-zero elsewhere) and the
+  log-probs (whole, or chunk by chunk without the band's logits: `band_log_probs`) are
+  placed into the usual [B, T, U+1] lattice (log-zero elsewhere) and the
   same alpha/beta recursion as `rnnt_loss` runs on it.
 
 With S >= U + 1 the band covers the whole lattice and the pruned loss *is* the full loss.
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from asrkit.losses.band import band_log_probs
+from asrkit.losses.fused import DEFAULT_CHUNK_BYTES
 from asrkit.losses.rnnt import (
     _LOG_ZERO,
     _forward_backward,
@@ -158,23 +161,33 @@ def pruned_loss(
     s_begin,
     prune_range: int,
     blank: int = 0,
+    fused: bool = False,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ):
     """The RNN-T loss [B] of the joint `output_layer(tanh(enc + pred))` evaluated only on
     each frame's band of `prune_range` predictor rows starting at `s_begin` [B, T].
 
     encoder_hidden: [B, T, H] and predictor_hidden: [B, U+1, H] (the joint's projections);
-    output_layer: a callable [..., H] -> [..., V] (the joint's output Dense layer)."""
+    output_layer: the joint's output Dense layer. `fused`: the band's log-probs chunk by
+    chunk (`band_log_probs`, about `chunk_bytes` of temporaries) instead of its whole
+    [B, T, S, V] log-softmax; the same loss and gradients (tested)."""
     labels = tf.cast(labels, tf.int32)
     u1 = tf.shape(predictor_hidden)[1]
     span = tf.minimum(prune_range, u1)
     rows = tf.minimum(s_begin[:, :, None] + tf.range(span)[None, None, :], u1 - 1)  # [B,T,S]
     pred_band = tf.gather(predictor_hidden, rows, axis=1, batch_dims=1)  # [B, T, S, H]
-    hidden = tf.tanh(encoder_hidden[:, :, None, :] + pred_band)
-    log_probs = tf.nn.log_softmax(tf.cast(output_layer(hidden), tf.float32), axis=-1)
     next_label = _next_labels(labels, tf.cast(label_lengths, tf.int32), u1)  # [B, U+1]
     band_labels = tf.gather(next_label, rows, axis=1, batch_dims=1)  # [B, T, S]
-    band_blank = log_probs[..., blank]
-    band_label = tf.gather(log_probs, band_labels[..., None], axis=3, batch_dims=3)[..., 0]
+    if fused:
+        band_blank, band_label = band_log_probs(
+            encoder_hidden, pred_band, output_layer.kernel, output_layer.bias, band_labels,
+            blank, chunk_bytes,
+        )  # fmt: skip
+    else:
+        hidden = tf.tanh(encoder_hidden[:, :, None, :] + pred_band)
+        log_probs = tf.nn.log_softmax(tf.cast(output_layer(hidden), tf.float32), axis=-1)
+        band_blank = log_probs[..., blank]
+        band_label = tf.gather(log_probs, band_labels[..., None], axis=3, batch_dims=3)[..., 0]
     # Into the [B, T, U+1] lattice: row u of frame t holds band column u - s_begin[t].
     column = tf.range(u1)[None, None, :] - s_begin[:, :, None]  # [B, T, U+1]
     inside = (column >= 0) & (column < span)

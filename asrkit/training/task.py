@@ -84,7 +84,8 @@ class TransducerTask(AccumulatingModel):
         enc_h, pred_h = network.joint.project(encoded, predicted)
         pruned = pruned_loss(
             enc_h, pred_h, network.joint.output_layer, labels, encoder_lengths, label_lengths,
-            s_begin, config.prune_range, BLANK_ID,
+            s_begin, config.prune_range, BLANK_ID, fused=config.fused_joint_loss,
+            chunk_bytes=int(config.joint_chunk_mb * 2**20),
         )  # fmt: skip
         optimizer = getattr(self, "optimizer", None)
         updates = optimizer.iterations if optimizer is not None else config.loss_warmup_updates

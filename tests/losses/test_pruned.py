@@ -103,6 +103,33 @@ def test_pruned_with_a_band_of_u_plus_1_is_the_full_loss():
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunk_bytes", [1, 3000, 2**26])  # 1 frame, a few, all at once
+def test_the_fused_band_gives_the_plain_bands_loss_and_gradients(chunk_bytes):
+    """Chunk by chunk without the band's logits (`fused=True`) = the band's whole
+    log-softmax, for a narrow band chosen by the simple loss and for one covering the
+    lattice (= the full loss), padding rows and frames included."""
+    enc, pred, output, labels = _joint_case(5)
+    am = tf.random.stateless_normal([B, T, V], [1, 9])
+    lm = tf.random.stateless_normal([B, U + 1, V], [2, 9])
+    _, occupancy = simple_loss(am, lm, labels, FRAMES, LABEL_LENGTHS)
+    weights = tf.constant([1.0, -0.5, 2.0])
+    for span in (3, U + 1):
+        s_begin = prune_ranges(occupancy, FRAMES, LABEL_LENGTHS, span)
+        results = []
+        for fused in (False, True):
+            with tf.GradientTape() as tape:
+                tape.watch([enc, pred])
+                losses = pruned_loss(enc, pred, output, labels, FRAMES, LABEL_LENGTHS, s_begin,
+                                     span, fused=fused, chunk_bytes=chunk_bytes)  # fmt: skip
+                total = tf.reduce_sum(losses * weights)
+            variables = [enc, pred, *output.trainable_variables]
+            results.append([losses, *tape.gradient(total, variables)])
+        for got, want in zip(results[1], results[0], strict=True):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(results[1][0].numpy(), _full(enc, pred, output, labels).numpy(),
+                               rtol=1e-5)  # fmt: skip
+
+
 def test_a_narrow_band_keeps_fewer_paths_so_the_loss_can_only_grow():
     enc, pred, output, labels = _joint_case(3)
     am = tf.random.stateless_normal([B, T, V], [1, 2])
@@ -156,7 +183,9 @@ def test_the_whole_pruned_recipe_compiles_with_xla_and_matches_eager():
         simple, occupancy = simple_loss(am, lm, labels, FRAMES, LABEL_LENGTHS, 0, 0.25, 0.1)
         s_begin = prune_ranges(occupancy, FRAMES, LABEL_LENGTHS, 3)
         pruned = pruned_loss(enc, pred, output, labels, FRAMES, LABEL_LENGTHS, s_begin, 3)
-        return simple, pruned
+        fused = pruned_loss(enc, pred, output, labels, FRAMES, LABEL_LENGTHS, s_begin, 3,
+                            fused=True, chunk_bytes=3000)  # fmt: skip
+        return simple, pruned + 0.5 * fused
 
     def with_grads(*args):
         with tf.GradientTape() as tape:
