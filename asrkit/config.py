@@ -84,6 +84,11 @@ class EncoderConfig:
     # module is causal. 0 = full context (not streamable). The LSTM encoder is causal anyway.
     chunk_frames: int = 0
     left_chunks: int = -1
+    # Dynamic chunk training (WeNet): each update trains with a random chunk size, full
+    # context for half of the updates and 1..dynamic_chunks frames for the others, so one
+    # model serves several latencies (decode with --chunk-frames N; chunk_frames is the
+    # default). 0 = off. Needs chunk_frames > 0.
+    dynamic_chunks: int = 0
 
     def __post_init__(self):
         if self.kind not in ENCODERS:
@@ -97,6 +102,12 @@ class EncoderConfig:
                 "model.encoder.chunk_frames must be >= 0 (0: full context) and "
                 f"model.encoder.left_chunks >= -1 (-1: all), got {self.chunk_frames} and "
                 f"{self.left_chunks}"
+            )
+        if self.dynamic_chunks < 0 or (self.dynamic_chunks and not self.chunk_frames):
+            raise ValueError(
+                "model.encoder.dynamic_chunks must be >= 0 and needs model.encoder.chunk_frames "
+                f"> 0 (the chunk size decoding uses by default), got {self.dynamic_chunks} with "
+                f"chunk_frames {self.chunk_frames}"
             )
         if self.chunk_frames and self.kind != "conformer":
             raise ValueError(

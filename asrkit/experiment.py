@@ -28,7 +28,7 @@ from asrkit.checkpoints import (
     restore,
 )
 from asrkit.config import ExperimentConfig, load_config
-from asrkit.errors import UserError
+from asrkit.errors import InputError, UserError
 from asrkit.features import GlobalNormalizer, normalizer_for
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import Tokenizer
@@ -145,11 +145,18 @@ class Experiment:
 
 
 def load_experiment(
-    exp_dir: str | os.PathLike, checkpoint: str | os.PathLike | None = None, average: int = 1
+    exp_dir: str | os.PathLike,
+    checkpoint: str | os.PathLike | None = None,
+    average: int = 1,
+    chunk_frames: int | None = None,
 ) -> Experiment:
     """The network of an experiment with `checkpoint`'s weights if given, else the average
-    of its last `average` checkpoints (1: the latest). No optimizer state is created."""
+    of its last `average` checkpoints (1: the latest). No optimizer state is created.
+    `chunk_frames`: for a Conformer trained with dynamic chunks, the chunk size to run
+    with instead of `model.encoder.chunk_frames` (0: full context)."""
     config = load_experiment_config(exp_dir)
+    if chunk_frames is not None:
+        _check_chunk_override(config, chunk_frames)
     tokenizer = Tokenizer.load(config.data.tokenizer)
     network = build_network(config, tokenizer.vocab_size)
     if checkpoint:
@@ -163,7 +170,26 @@ def load_experiment(
         else:
             assign_weights(network, average_checkpoints(found))
             weights = f"average of {found[0].name}..{found[-1].name} ({len(found)})"
+    if chunk_frames is not None:
+        network.encoder.chunk_frames = int(chunk_frames)  # read when the graph is traced
     return Experiment(network, config, tokenizer, normalizer_for(config.data.cmvn), weights)
+
+
+def _check_chunk_override(config: ExperimentConfig, chunk_frames: int) -> None:
+    encoder = config.model.encoder
+    if not encoder.dynamic_chunks:
+        if encoder.kind != "conformer":
+            trained = f"an {encoder.kind.upper()} encoder (it has no chunks)"
+        elif encoder.chunk_frames:
+            trained = f"chunks of {encoder.chunk_frames} frames only"
+        else:
+            trained = "full context only"
+        raise InputError(
+            f"--chunk-frames: this model was trained with {trained}; running it with other "
+            "chunks needs a Conformer trained with model.encoder.dynamic_chunks"
+        )
+    if chunk_frames < 0:
+        raise InputError(f"--chunk-frames must be >= 0 (0: full context), got {chunk_frames}")
 
 
 def build_network(config: ExperimentConfig, vocab_size: int) -> Transducer:

@@ -39,6 +39,8 @@ def test_defaults_and_overrides(tmp_path):
         ("model:\n  encoder: {chunk_frames: -4}\n", "chunk_frames must be >= 0"),
         ("model:\n  encoder: {left_chunks: -2}\n", "left_chunks >= -1"),
         ("model:\n  encoder: {kind: lstm, chunk_frames: 4}\n", "is for the Conformer"),
+        ("model:\n  encoder: {dynamic_chunks: 8}\n", "needs model.encoder.chunk_frames > 0"),
+        ("model:\n  encoder: {chunk_frames: 4, dynamic_chunks: -1}\n", "dynamic_chunks must be"),
     ],
 )
 def test_bad_configs_name_the_key_and_section(tmp_path, text, message):

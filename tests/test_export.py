@@ -328,6 +328,7 @@ def test_streaming_transcription_equals_whole_file_greedy(experiment, tmp_path):
             assert [at for at, _ in lines] == sorted(at for at, _ in lines)
     for wrong, says in [
         (["--streaming", "--chunk-seconds", "0"], "--chunk-seconds"),
+        (["--chunk-frames", "4"], "model.encoder.dynamic_chunks"),
         (["--realtime"], "--streaming"),
     ]:
         run = subprocess.run([asrkit, "transcribe", paths[0], "--exp-dir", str(exp), *wrong],

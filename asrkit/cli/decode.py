@@ -6,7 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from asrkit.cli.options import add_search_arguments, add_weights_arguments, search_options
+from asrkit.cli.options import (
+    add_chunk_argument,
+    add_search_arguments,
+    add_weights_arguments,
+    search_options,
+)
 
 
 def register(subparsers) -> None:
@@ -19,6 +24,7 @@ def register(subparsers) -> None:
     source.add_argument("--manifest", help="JSONL manifest (audio is read and featurised here)")
     add_search_arguments(decode)
     add_weights_arguments(decode)
+    add_chunk_argument(decode)
     decode.add_argument("--worst", type=int, default=10, help="worst utterances to list")
     decode.add_argument("--out", help="directory for hypotheses and the report")
     decode.set_defaults(func=run)
@@ -30,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.decoding.runner import decode_manifest, decode_shards
     from asrkit.experiment import load_experiment
 
-    experiment = load_experiment(args.exp_dir, args.checkpoint, args.average)
+    experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, args.chunk_frames)
     network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     options = search_options(args, config.decode.max_symbols_per_step)
     if args.shards:

@@ -23,3 +23,12 @@ def search_options(args: argparse.Namespace, max_symbols_per_step: int):
     from asrkit.decoding.search import DecodeOptions
 
     return DecodeOptions(args.method, args.beam, max_symbols_per_step)
+
+
+def add_chunk_argument(parser) -> None:
+    parser.add_argument(
+        "--chunk-frames", type=int, metavar="N",
+        help="a Conformer trained with dynamic chunks (model.encoder.dynamic_chunks): run "
+             "with chunks of N encoder frames (40 ms each; 0: full context) instead of "
+             "model.encoder.chunk_frames",
+    )  # fmt: skip

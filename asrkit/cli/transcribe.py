@@ -6,7 +6,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from asrkit.cli.options import add_search_arguments, add_weights_arguments, search_options
+from asrkit.cli.options import (
+    add_chunk_argument,
+    add_search_arguments,
+    add_weights_arguments,
+    search_options,
+)
 from asrkit.errors import InputError
 
 EXTENSIONS = {"text": ".txt", "json": ".jsonl", "srt": ".srt"}
@@ -22,6 +27,7 @@ def register(subparsers) -> None:
         transcribe, help="with --exp-dir (an exported model runs the search built into it)"
     )
     add_weights_arguments(transcribe, checkpoint=False)
+    add_chunk_argument(transcribe)
     transcribe.add_argument(
         "--format", choices=("text", "json", "srt"), default="text",
         help="text: FILE<TAB>TEXT lines; json: one JSON object per file (text, words with "
@@ -125,7 +131,7 @@ def _experiment_recogniser(args):
     from asrkit.decoding.transcribe import NetworkRecogniser
     from asrkit.experiment import load_experiment
 
-    experiment = load_experiment(args.exp_dir, average=args.average)
+    experiment = load_experiment(args.exp_dir, average=args.average, chunk_frames=args.chunk_frames)
     config = experiment.config
     options = search_options(args, config.decode.max_symbols_per_step)
     return NetworkRecogniser(experiment.network, experiment.tokenizer, config, options)

@@ -56,6 +56,19 @@ def chunk_mask(query_positions, key_positions, chunk_frames: int, left_chunks: i
     return allowed
 
 
+DYNAMIC_CHUNK_SEED = 0x5EED  # with the update count: the stateless draw of each update
+
+
+def dynamic_chunk_frames(updates, max_frames: int):
+    """The chunk size one update trains with (WeNet's dynamic chunk training): 0 (full
+    context) for half of the updates, else uniform in 1..`max_frames`. A function of the
+    optimizer's update count only, so every micro-batch of a window and every replica use
+    the same chunks (accumulation stays exact) and a resumed run draws what it would have."""
+    seed = tf.stack([tf.constant(DYNAMIC_CHUNK_SEED, tf.int64), tf.cast(updates, tf.int64)])
+    draw = tf.random.stateless_uniform([], seed, maxval=2 * max_frames, dtype=tf.int32)
+    return tf.where(draw < max_frames, draw + 1, 0)
+
+
 def _seed(seed):
     """A block's dropout seed (the encoder passes one per block per call); a layer used on
     its own outside training may leave it out."""
@@ -280,6 +293,7 @@ class ConformerEncoder(CompositeLayer):
         recompute: bool = False,
         chunk_frames: int = 0,
         left_chunks: int = -1,
+        dynamic_chunks: int = 0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -287,9 +301,10 @@ class ConformerEncoder(CompositeLayer):
         self.kernel_size, self.dropout, self.conv_norm = kernel_size, dropout, conv_norm
         self.subsampling_filters, self.recompute = subsampling_filters, recompute
         self.chunk_frames, self.left_chunks = chunk_frames, left_chunks
+        self.dynamic_chunks = dynamic_chunks
         self.subsampling = ConvSubsampling(subsampling_filters, d_model)
         self.seeds = keras.random.SeedGenerator()
-        causal = chunk_frames > 0
+        causal = chunk_frames > 0 or dynamic_chunks > 0
         self.blocks = [
             ConformerBlock(d_model, num_heads, kernel_size, dropout, conv_norm, causal)
             for _ in range(num_blocks)
@@ -299,11 +314,17 @@ class ConformerEncoder(CompositeLayer):
     def output_dim(self) -> int:
         return self.d_model
 
-    def call(self, features, feature_lengths, training=False):
+    def call(self, features, feature_lengths, training=False, chunk_frames=None):
+        """`chunk_frames`: a scalar tensor that replaces the configured chunk size for this
+        call (0: full context) — dynamic chunk training draws one per update."""
         x, lengths = self.subsampling(features, feature_lengths)
         allowed = None
-        if self.chunk_frames:
-            positions = tf.range(tf.shape(x)[1])
+        positions = tf.range(tf.shape(x)[1])
+        if chunk_frames is not None:
+            chunk = tf.cast(chunk_frames, tf.int32)
+            chunk = tf.where(chunk > 0, chunk, tf.maximum(tf.shape(x)[1], 1))  # 0: one chunk
+            allowed = chunk_mask(positions, positions, chunk, self.left_chunks)
+        elif self.chunk_frames:
             allowed = chunk_mask(positions, positions, self.chunk_frames, self.left_chunks)
         # Drawn here, outside any recomputed block, so a recomputation replays the masks.
         seed = block_seeds(self.seeds, training and self.dropout > 0)
@@ -375,4 +396,5 @@ class ConformerEncoder(CompositeLayer):
             "recompute": self.recompute,
             "chunk_frames": self.chunk_frames,
             "left_chunks": self.left_chunks,
+            "dynamic_chunks": self.dynamic_chunks,
         }

@@ -29,7 +29,8 @@ def build_encoder(config: EncoderConfig):
     return ConformerEncoder(
         config.d_model, config.num_blocks, config.num_heads, config.kernel_size, config.dropout,
         config.conv_norm, config.subsampling_filters, recompute=config.recompute,
-        chunk_frames=config.chunk_frames, left_chunks=config.left_chunks, name="encoder",
+        chunk_frames=config.chunk_frames, left_chunks=config.left_chunks,
+        dynamic_chunks=config.dynamic_chunks, name="encoder",
     )  # fmt: skip
 
 
@@ -56,9 +57,12 @@ class Transducer(keras.Model):
         # Made only of sub-layers, which build themselves on their first call.
         self.built = True
 
-    def encode(self, features, feature_lengths, training=False):
-        """features [B, T, F] -> (encoder frames [B, T', D], encoder_lengths [B])."""
-        return self.encoder(features, feature_lengths, training=training)
+    def encode(self, features, feature_lengths, training=False, chunk_frames=None):
+        """features [B, T, F] -> (encoder frames [B, T', D], encoder_lengths [B]).
+        `chunk_frames` (Conformer): this call's chunk size instead of the configured one."""
+        if chunk_frames is None:
+            return self.encoder(features, feature_lengths, training=training)
+        return self.encoder(features, feature_lengths, training=training, chunk_frames=chunk_frames)
 
     def predict(self, labels, training=False):
         """labels [B, U] -> predictor states [B, U+1, D]."""

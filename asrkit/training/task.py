@@ -21,6 +21,7 @@ from asrkit.losses import (
     rnnt_loss,
     simple_loss,
 )
+from asrkit.models.conformer import dynamic_chunk_frames
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import BLANK_ID
 from asrkit.training.accumulation import AccumulatingModel
@@ -41,7 +42,12 @@ class TransducerTask(AccumulatingModel):
         features, feature_lengths, labels, label_lengths = data[:4]
         network, config = self.network, self.network.config
         network.build_from_features(features.shape[-1])  # the fused path skips the joint's call
-        encoded, encoder_lengths = network.encode(features, feature_lengths, training=training)
+        chunk = None
+        if training and config.encoder.dynamic_chunks:
+            chunk = dynamic_chunk_frames(self._updates(), config.encoder.dynamic_chunks)
+        encoded, encoder_lengths = network.encode(
+            features, feature_lengths, training=training, chunk_frames=chunk
+        )
         predicted = network.predict(labels, training=training)
         if config.loss == "pruned":
             losses = self._pruned_losses(encoded, predicted, labels, encoder_lengths, label_lengths)
@@ -87,12 +93,17 @@ class TransducerTask(AccumulatingModel):
             s_begin, config.prune_range, BLANK_ID, fused=config.fused_joint_loss,
             chunk_bytes=int(config.joint_chunk_mb * 2**20),
         )  # fmt: skip
-        optimizer = getattr(self, "optimizer", None)
-        updates = optimizer.iterations if optimizer is not None else config.loss_warmup_updates
+        updates = self._updates(default=config.loss_warmup_updates)
         simple_weight, pruned_weight = loss_scales(
             updates, config.loss_warmup_updates, config.simple_loss_scale
         )
         return simple_weight * simple + pruned_weight * pruned
+
+    def _updates(self, default: int = 0):
+        """Optimizer updates so far (never micro-batches): what schedules inside the loss
+        count in; `default` before the task is compiled."""
+        optimizer = getattr(self, "optimizer", None)
+        return optimizer.iterations if optimizer is not None else default
 
     def get_config(self):
         return {

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.models.conformer import ConformerEncoder, chunk_mask
+from asrkit.models.conformer import ConformerEncoder, chunk_mask, dynamic_chunk_frames
 
 
 @pytest.mark.parametrize(("chunk", "left"), [(1, 0), (3, 1), (4, -1), (2, 3)])
@@ -47,3 +47,37 @@ def test_a_frame_never_depends_on_later_chunks(left):
     changed[:, 4 * 9 + 6 :] += 1.0
     assert not np.allclose(full(changed, lengths)[0][:, :9], full(features, lengths)[0][:, :9],
                            atol=1e-3)  # fmt: skip
+
+
+def test_dynamic_chunks_are_a_function_of_the_update_half_of_them_full_context():
+    draws = np.array([int(dynamic_chunk_frames(u, 8)) for u in range(2000)])
+    assert set(draws) == set(range(9))  # 0 (full context) and every size 1..8
+    assert 900 < np.sum(draws == 0) < 1100  # half, within ~4.5 standard deviations
+    counts = np.bincount(draws[draws > 0])[1:]
+    assert counts.min() > 0.7 * counts.mean()  # the sizes uniform
+    again = [int(dynamic_chunk_frames(u, 8)) for u in (0, 17, 1999)]
+    assert again == [draws[0], draws[17], draws[1999]]
+    compiled = tf.function(lambda u: dynamic_chunk_frames(u, 8))
+    assert [int(compiled(tf.constant(u, tf.int64))) for u in (5, 6, 7)] == list(draws[5:8])
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 0])
+def test_a_call_with_a_chunk_size_equals_an_encoder_built_with_it(chunk):
+    """Dynamic chunk training's per-call chunk (a tensor) = the same weights configured
+    with that chunk (0: full context = one chunk longer than any utterance); the
+    convolution stays causal either way."""
+    keras.utils.set_random_seed(4)
+    kwargs = dict(d_model=16, num_blocks=2, num_heads=2, kernel_size=5, dropout=0.0,
+                  subsampling_filters=8)  # fmt: skip
+    dynamic = ConformerEncoder(**kwargs, chunk_frames=4, dynamic_chunks=8)
+    fixed = ConformerEncoder(**kwargs, chunk_frames=chunk or 10_000)
+    rng = np.random.default_rng(1)
+    features = rng.standard_normal((2, 90, 80)).astype(np.float32)
+    lengths = np.array([90, 61])
+    got, _ = dynamic(features, lengths, chunk_frames=tf.constant(chunk))
+    fixed(features, lengths)
+    fixed.set_weights(dynamic.get_weights())
+    want, _ = fixed(features, lengths)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
+    default, _ = dynamic(features, lengths)  # the configured 4 frames
+    assert chunk == 4 or not np.allclose(default.numpy(), got.numpy(), atol=1e-3)

@@ -1,6 +1,6 @@
 """The training task's loss terms: the auxiliary CTC loss adds exactly `ctc_weight` × the
 CTC loss of its head's logits to each utterance, and only a network trained with it carries
-the head."""
+the head; dynamic chunk training uses the chunk of the current update."""
 
 import dataclasses
 
@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from asrkit.config import EncoderConfig
 from asrkit.losses import ctc_losses
+from asrkit.models.conformer import dynamic_chunk_frames
 from asrkit.models.transducer import Transducer
 from asrkit.training.task import TransducerTask
 from tests.tiny import tiny_model_config
@@ -39,3 +41,44 @@ def test_auxiliary_ctc_adds_its_weighted_loss_to_each_utterance(fused):
     assert int(count) == int(same_count) == 7
     assert float(tf.reduce_sum(ctc)) > 0
     assert float(total) == pytest.approx(float(base) + 0.4 * float(tf.reduce_sum(ctc)), rel=1e-5)
+
+
+def test_dynamic_chunks_train_each_update_with_that_updates_chunk():
+    """With model.encoder.dynamic_chunks the training loss at update u is the loss of the
+    same weights configured with the chunk `dynamic_chunk_frames(u)` draws (0: full
+    context); evaluation uses the configured chunk."""
+    rng = np.random.default_rng(4)
+    batch = (rng.standard_normal((2, 120, 80)).astype(np.float32), np.array([120, 77]),
+             np.array([[1, 2, 3], [4, 5, 0]], np.int32), np.array([3, 2]))  # fmt: skip
+    encoder = EncoderConfig(kind="conformer", d_model=16, num_blocks=2, num_heads=2,
+                            kernel_size=5, subsampling_filters=8, dropout=0.0,
+                            chunk_frames=4)  # fmt: skip
+    dynamic_config = dataclasses.replace(
+        tiny_model_config(), encoder=dataclasses.replace(encoder, dynamic_chunks=6)
+    )
+    keras.utils.set_random_seed(1)
+    task = TransducerTask(Transducer(9, dynamic_config))
+    task.compile(keras.optimizers.SGD(0.1))
+    task.network.build_from_features(80)
+
+    def fixed_loss(chunk):
+        config = dataclasses.replace(
+            dynamic_config, encoder=dataclasses.replace(encoder, chunk_frames=chunk or 10_000)
+        )
+        other = TransducerTask(Transducer(9, config))
+        other.network.build_from_features(80)
+        other.network.set_weights(task.network.get_weights())
+        return float(other.compute_loss_terms(batch, training=True)[0])
+
+    drawn = {}
+    for updates in range(12):
+        task.optimizer.iterations.assign(updates)
+        drawn.setdefault(int(dynamic_chunk_frames(updates, 6)), updates)
+    assert 0 in drawn and len(drawn) >= 3, drawn
+    for chunk, updates in drawn.items():
+        task.optimizer.iterations.assign(updates)
+        got = float(task.compute_loss_terms(batch, training=True)[0])
+        assert got == pytest.approx(fixed_loss(chunk), rel=1e-5), chunk
+    assert float(task.compute_loss_terms(batch, training=False)[0]) == pytest.approx(
+        fixed_loss(4), rel=1e-5
+    )

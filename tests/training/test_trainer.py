@@ -520,3 +520,12 @@ def test_verify_accumulation_passes_with_a_chunked_conformer(workdir):
                      "model.encoder.kernel_size=5", "model.encoder.chunk_frames=4",
                      "model.encoder.left_chunks=1")  # fmt: skip
     assert report.passed and report.max_relative_difference < 1e-5
+
+
+@pytest.mark.slow
+def test_verify_accumulation_passes_with_dynamic_chunks(workdir):
+    report = _verify(workdir, "model.encoder.kind=conformer", "model.encoder.d_model=16",
+                     "model.encoder.num_blocks=1", "model.encoder.num_heads=2",
+                     "model.encoder.kernel_size=5", "model.encoder.chunk_frames=4",
+                     "model.encoder.dynamic_chunks=3")  # fmt: skip
+    assert report.passed and report.max_relative_difference < 1e-5
