@@ -19,13 +19,21 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--noise-db", type=float, default=-60.0, help="noise floor, dBFS")
+    parser.add_argument("--natural-share", type=float, default=0.0, metavar="F",
+                        help="draw this share of the training speakers from the natural "
+                             "voices (flite/festival), not uniformly (0)")  # fmt: skip
 
 
 def run_synth(args: argparse.Namespace) -> int:
     from asrkit.data.synthetic import make_synthetic_corpus
 
     report = make_synthetic_corpus(
-        args.out, args.preset, seed=args.seed, workers=args.workers, noise_db=args.noise_db
+        args.out,
+        args.preset,
+        seed=args.seed,
+        workers=args.workers,
+        noise_db=args.noise_db,
+        natural_share=args.natural_share,
     )
     for part, count in report.utterances.items():
         voices = ", ".join(report.voices[part])

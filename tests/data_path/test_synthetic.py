@@ -10,8 +10,14 @@ import soundfile
 from asrkit.cli.main import main as cli
 from asrkit.data.librispeech import prepare_librispeech
 from asrkit.data.manifest import read_manifest
-from asrkit.data.synthetic import PARTS, sentence, split_identities
-from asrkit.data.tts import available_voices, espeak_word_starts, synthesize
+from asrkit.data.synthetic import (
+    PARTS,
+    PRESETS,
+    plan_corpus,
+    sentence,
+    split_identities,
+)
+from asrkit.data.tts import Voice, available_voices, espeak_word_starts, synthesize
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +124,25 @@ def test_espeak_word_events_mark_where_each_word_begins():
     middle = np.argmin(power[4000:-4000]) + 4000 + 800  # centre of the quietest stretch
     quiet = np.flatnonzero(power[middle - 800 :] > 10 * power[middle - 800])[0] + middle
     assert abs(starts[5] - quiet / 16_000) < 0.12, (starts[5], quiet / 16_000)
+
+
+def test_a_natural_share_of_training_speakers_and_the_default_unchanged(tmp_path):
+    """~160 eSpeak voices against a dozen natural ones: drawn uniformly, training is ~5 %
+    natural speech; `natural_share` draws that share of the training speakers from the
+    natural voices the training part has, and still never a held-out identity."""
+    espeak = [Voice("espeak", f"en+v{i}", f"espeak:v{i % 27}", "M") for i in range(162)]
+    natural = [Voice("flite", f"p{i}", f"person:p{i}", "F", cents)
+               for i in range(5) for cents in (-300, 0, 300)]  # fmt: skip
+    for seed in range(6):
+        plan = plan_corpus(tmp_path, PRESETS["mini"], seed, espeak + natural, 30.0, 0.4)
+        speakers = plan[0]
+        by_part = {p: [s for s in speakers if s.part == p] for p in PARTS}
+        train = by_part[PARTS[0]]
+        heard = {s.voice.identity for s in train}
+        if any(v.identity in heard for v in natural):
+            share = np.mean([s.voice.engine == "flite" for s in train])
+            assert share == pytest.approx(0.4, abs=0.01), seed
+        uniform = plan_corpus(tmp_path, PRESETS["mini"], seed, espeak + natural, 30.0)[0]
+        assert np.mean([s.voice.engine == "flite" for s in uniform if s.part == PARTS[0]]) < 0.2
+        for part in PARTS[1:]:
+            assert heard.isdisjoint(s.voice.identity for s in by_part[part])
