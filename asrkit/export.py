@@ -56,11 +56,13 @@ def export_model(
     checkpoint: str | None = None,
     average: int = 1,
     options: DecodeOptions | None = None,
+    chunk_frames: int | None = None,
 ) -> Path:
     """Writes the SavedModel of an experiment's checkpoint (or the average of its last
     `average` checkpoints) to `out`, with an `asrkit_export.json` describing it. `options`:
-    the search built into the graph (default: greedy with the experiment's symbols limit)."""
-    experiment = load_experiment(exp_dir, checkpoint, average)
+    the search built into the graph (default: greedy with the experiment's symbols limit).
+    `chunk_frames`: another chunk size for a model trained with dynamic chunks."""
+    experiment = load_experiment(exp_dir, checkpoint, average, chunk_frames)
     model, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     options = options or DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
     normalizer = experiment.normalizer
@@ -150,16 +152,21 @@ STREAM_OUTPUTS = {
 
 
 def export_streaming(
-    exp_dir: str | Path, out: str | Path, checkpoint: str | None = None, average: int = 1
+    exp_dir: str | Path,
+    out: str | Path,
+    checkpoint: str | None = None,
+    average: int = 1,
+    chunk_frames: int | None = None,
 ) -> Path:
     """Writes a streaming SavedModel: `initial_state()` -> the state_* tensors of a new
     stream; `stream_step(samples, state_*...)` -> the tokens the samples completed (any
     number of samples, 0 included), their times, the text so far and the new state_*;
     `stream_finish(state_*...)` at the end of the stream. Greedy search, as `asrkit
-    transcribe --streaming`; needs an encoder that streams."""
+    transcribe --streaming`; needs an encoder that streams. `chunk_frames`: another chunk
+    size for a model trained with dynamic chunks."""
     from asrkit.decoding.streaming import StreamingDecoder
 
-    experiment = load_experiment(exp_dir, checkpoint, average)
+    experiment = load_experiment(exp_dir, checkpoint, average, chunk_frames)
     model, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     decoder = StreamingDecoder(
         model, config.features, experiment.normalizer, config.decode.max_symbols_per_step

@@ -91,6 +91,42 @@ def chunked_experiment(tmp_path_factory):
     return make_experiment(tmp_path_factory.mktemp("chunked"), config)
 
 
+def test_a_dynamic_chunk_model_loads_at_the_chunk_asked_for(tmp_path):
+    """`--chunk-frames`: the experiment's weights run with chunks of N frames (0: full
+    context) = the same weights in a network configured with that chunk; a model trained
+    without dynamic chunks, or a negative size, is refused with a message (exit 2 path)."""
+    import dataclasses
+
+    from asrkit.config import EncoderConfig
+    from asrkit.errors import InputError
+
+    encoder = EncoderConfig(kind="conformer", d_model=16, num_blocks=2, num_heads=2,
+                            kernel_size=5, subsampling_filters=8, dropout=0.0, chunk_frames=4,
+                            dynamic_chunks=8)  # fmt: skip
+    _, exp, utts = make_experiment(
+        tmp_path / "dynamic", dataclasses.replace(tiny_model_config(), encoder=encoder)
+    )
+    features = log_mel(read_audio(utts[0].audio_path))[None]
+    lengths = np.array([features.shape[1]])
+    trained = load_experiment(exp)
+    default = trained.network.encode(features, lengths)[0].numpy()
+    for chunk in (2, 0):
+        got = load_experiment(exp, chunk_frames=chunk).network.encode(features, lengths)[0]
+        fixed = dataclasses.replace(encoder, chunk_frames=chunk or 10_000)
+        reference = build_network(
+            ExperimentConfig(model=dataclasses.replace(tiny_model_config(), encoder=fixed)),
+            trained.tokenizer.vocab_size,
+        )
+        reference.set_weights(trained.network.get_weights())
+        want = reference.encode(features, lengths)[0].numpy()
+        np.testing.assert_allclose(got.numpy(), want, atol=1e-5)
+        assert not np.allclose(got.numpy(), default, atol=1e-3)
+    with pytest.raises(InputError, match="must be >= 0"):
+        load_experiment(exp, chunk_frames=-1)
+    with pytest.raises(InputError, match="dynamic_chunks"):
+        load_experiment(make_experiment(tmp_path / "fixed", tiny_model_config())[1], chunk_frames=4)
+
+
 def make_experiment(work, model_config):
     prepare_librispeech(REAL, ["test-real"], work / "data", show_progress=False)
     utts = read_manifest(work / "data" / "test-real.jsonl")

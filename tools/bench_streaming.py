@@ -28,6 +28,8 @@ def main(argv=None) -> int:
     parser.add_argument("--manifest", required=True, help="JSONL manifest with references")
     parser.add_argument("--utterances", type=int, default=0, help="the first N (0: all)")
     parser.add_argument("--average", type=int, default=2)
+    parser.add_argument("--chunk-frames", type=int,
+                        help="dynamic-chunk model: run with this chunk size")  # fmt: skip
     args = parser.parse_args(argv)
 
     import tensorflow as tf
@@ -45,13 +47,15 @@ def main(argv=None) -> int:
     audio = [read_audio(u.audio_path) for u in utts]
     refs = [u.text for u in utts]
     seconds = sum(len(a) for a in audio) / 16000
-    experiment = load_experiment(args.exp_dir, average=args.average)
+    experiment = load_experiment(args.exp_dir, average=args.average,
+                                 chunk_frames=args.chunk_frames)  # fmt: skip
     recogniser = NetworkRecogniser(experiment.network, experiment.tokenizer, experiment.config)
     tokenizer = experiment.tokenizer
     encoder = experiment.config.model.encoder
-    chunk = encoder.chunk_frames * 0.04 if encoder.kind == "conformer" else 0.0
+    frames = experiment.network.encoder.chunk_frames if encoder.kind == "conformer" else 0
+    chunk = frames * 0.04
     print(f"{len(audio)} utterances, {seconds:.1f} s; encoder {encoder.kind}"
-          + (f", chunks of {encoder.chunk_frames} frames ({chunk * 1000:.0f} ms), "
+          + (f", chunks of {frames} frames ({chunk * 1000:.0f} ms), "
              f"{encoder.left_chunks} back" if chunk else " (causal)"))  # fmt: skip
 
     whole = [h.text for h in _whole(recogniser, audio)]
@@ -59,7 +63,8 @@ def main(argv=None) -> int:
     decoder = StreamingDecoder(recogniser.model, recogniser.features, recogniser.normalize,
                                recogniser.options.max_symbols_per_step)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        saved = export_streaming(args.exp_dir, Path(tmp) / "s", average=args.average)
+        saved = export_streaming(args.exp_dir, Path(tmp) / "s", average=args.average,
+                                 chunk_frames=args.chunk_frames)  # fmt: skip
         loaded = tf.saved_model.load(str(saved))
         litert = convert_to_litert(saved, Path(tmp) / "s.tflite")
         for piece in (0.32, 0.64):

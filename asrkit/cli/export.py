@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from asrkit.cli.options import add_search_arguments, add_weights_arguments, search_options
+from asrkit.cli.options import (
+    add_chunk_argument,
+    add_search_arguments,
+    add_weights_arguments,
+    search_options,
+)
 
 
 def register(subparsers) -> None:
@@ -12,6 +17,7 @@ def register(subparsers) -> None:
     export.add_argument("--exp-dir", required=True)
     export.add_argument("--out", required=True, help="SavedModel directory")
     add_weights_arguments(export)
+    add_chunk_argument(export)
     add_search_arguments(export, help="the search built into the graph")
     export.add_argument(
         "--streaming", action="store_true",
@@ -36,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
     if args.streaming:
         if args.method != "greedy":
             raise InputError("--streaming exports greedy search: drop --method beam")
-        out = export_streaming(args.exp_dir, args.out, args.checkpoint, args.average)
+        out = export_streaming(
+            args.exp_dir, args.out, args.checkpoint, args.average, args.chunk_frames
+        )
         print(f"streaming SavedModel -> {out} (initial_state(), stream_step(samples, state_*) "
               "-> tokens, token_times, text so far, state_*)")  # fmt: skip
         if args.litert:
@@ -45,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
 
     symbols = load_experiment_config(args.exp_dir).decode.max_symbols_per_step
     options = search_options(args, symbols)
-    out = export_model(args.exp_dir, args.out, args.checkpoint, args.average, options)
+    out = export_model(
+        args.exp_dir, args.out, args.checkpoint, args.average, options, args.chunk_frames
+    )
     print(f"SavedModel -> {out} (serving_default: one waveform, serve_batch: [N, S] + lengths "
           f"-> text, timed words, n-best; {describe(options)})")  # fmt: skip
     return 0
