@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from asrkit.errors import InputError
+
 
 def register(subparsers) -> None:
     corpus = subparsers.add_parser("corpus", help="built-in corpora")
@@ -26,6 +28,9 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_synth(args: argparse.Namespace) -> int:
     from asrkit.data.synthetic import make_synthetic_corpus
+
+    if not 0 <= args.natural_share <= 1:
+        raise InputError(f"--natural-share must be in [0, 1], got {args.natural_share}")
 
     report = make_synthetic_corpus(
         args.out,

@@ -44,6 +44,8 @@ def _one_error_line(capsys, command: str) -> str:
          "{tmp}/shards.json: missing"),
         (["tokenizer", "train", "--manifest", "{tmp}/none.jsonl", "--vocab-size", "8",
           "--out", "{tmp}/t"], "tokenizer train", "{tmp}/none.jsonl"),
+        (["corpus", "synth", "--out", "{tmp}/c", "--natural-share", "1.5"], "corpus synth",
+         "--natural-share must be in [0, 1], got 1.5"),
     ],
 )  # fmt: skip
 def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, command, names):
