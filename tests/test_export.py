@@ -196,6 +196,7 @@ def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp
             assert batch[key][row][:width] == pytest.approx(one[key], abs=1e-5)
 
 
+@pytest.mark.slow  # ~48 s of subprocesses: with the slow tests (make test measured 360-392 s)
 def test_transcribe_cli_with_an_export_and_an_experiment(experiment, tmp_path):
     """text, JSON lines and SRT agree between an export and its experiment, from another
     directory; a long file (three clips) is decoded in windows; mistakes exit 2."""
