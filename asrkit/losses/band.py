@@ -24,9 +24,11 @@ import tensorflow as tf
 
 from asrkit.losses.fused import (
     DEFAULT_CHUNK_BYTES,
-    _cells_matmul,
+    _cells_gradient,
     _chunk_frames,
     _in_chunks,
+    _joint_cells,
+    _picked,
     _stitch,
 )
 
@@ -100,9 +102,7 @@ def _chunk(enc_c, band_c, kernel, bias, i):
     band = tf.gather(band_c, i, axis=1)  # [B, C, S·H]
     shape = tf.shape(enc)
     band = tf.reshape(band, [shape[0], shape[1], -1, shape[2]])
-    hidden = tf.tanh(enc[:, :, None, :] + band)
-    logits = _cells_matmul(hidden, kernel) + bias
-    return hidden, tf.cast(logits, tf.float32)
+    return _joint_cells(enc[:, :, None, :] + band, kernel, bias)
 
 
 # Graph functions even for eager callers (see asrkit.losses.fused).
@@ -110,10 +110,7 @@ def _chunk(enc_c, band_c, kernel, bias, i):
 def _forward(enc_c, band_c, kernel, bias, labels_c, blank, chunks, frames):
     def body(i, lse_acc, blank_acc, label_acc):
         _, logits = _chunk(enc_c, band_c, kernel, bias, i)
-        lse = tf.reduce_logsumexp(logits, axis=-1)  # [B, C, S]
-        labels = tf.gather(labels_c, i, axis=1)
-        picked_blank = logits[..., blank] - lse
-        picked_label = tf.gather(logits, labels[..., None], batch_dims=3)[..., 0] - lse
+        lse, picked_blank, picked_label = _picked(logits, tf.gather(labels_c, i, axis=1), blank)
         return (i + 1, lse_acc.write(i, lse), blank_acc.write(i, picked_blank),
                 label_acc.write(i, picked_label))  # fmt: skip
 
@@ -127,26 +124,17 @@ def _backward(enc_c, band_c, kernel, bias, labels_c, blank, chunks, frames, lse_
               g_label_c):  # fmt: skip
     vocab = tf.shape(kernel)[1]
     blank_hot = tf.one_hot(blank, vocab, dtype=tf.float32)
-    kernel32 = tf.cast(kernel, tf.float32)
 
     def body(i, d_enc, d_band, d_kernel, d_bias):
         hidden, logits = _chunk(enc_c, band_c, kernel, bias, i)
-        g_blank, g_label = tf.gather(g_blank_c, i, axis=1), tf.gather(g_label_c, i, axis=1)
-        softmax = tf.exp(logits - tf.gather(lse_c, i, axis=1)[..., None])
         label_hot = tf.one_hot(tf.gather(labels_c, i, axis=1), vocab, dtype=tf.float32)
-        d_logits = (
-            g_blank[..., None] * blank_hot
-            + g_label[..., None] * label_hot
-            - (g_blank + g_label)[..., None] * softmax
-        )  # [B, C, S, V]
-        hidden32 = tf.cast(hidden, tf.float32)
-        flat_hidden = tf.reshape(hidden32, [-1, tf.shape(hidden32)[3]])
-        flat_d_logits = tf.reshape(d_logits, [-1, vocab])
-        d_kernel = tf.ensure_shape(
-            d_kernel + tf.matmul(flat_hidden, flat_d_logits, transpose_a=True), kernel.shape
-        )
-        d_bias = tf.ensure_shape(d_bias + tf.reduce_sum(flat_d_logits, axis=0), bias.shape)
-        d_pre = _cells_matmul(d_logits, kernel32, transpose_w=True) * (1.0 - tf.square(hidden32))
+        # The loss' upstream gradients are minus the posteriors `_cells_gradient` expects.
+        d_pre, chunk_kernel, chunk_bias = _cells_gradient(
+            hidden, logits, tf.gather(lse_c, i, axis=1), -tf.gather(g_blank_c, i, axis=1),
+            -tf.gather(g_label_c, i, axis=1), blank_hot, label_hot, kernel,
+        )  # fmt: skip
+        d_kernel = tf.ensure_shape(d_kernel + chunk_kernel, kernel.shape)
+        d_bias = tf.ensure_shape(d_bias + chunk_bias, bias.shape)
         shape = tf.shape(d_pre)
         d_enc = d_enc.write(i, tf.reduce_sum(d_pre, axis=2))  # [B, C, H]
         d_band = d_band.write(i, tf.reshape(d_pre, [shape[0], shape[1], -1]))  # [B, C, S·H]

@@ -109,9 +109,40 @@ def _chunk_logits(enc_chunks, pred, kernel, bias, i):
     of `enc_chunks` [B, N, C, H] — frames past T are zero padding, masked later. (A gather
     of chunk i, not a slice of size C: XLA needs the sizes inside a loop to be constant.)"""
     enc_c = tf.gather(enc_chunks, i, axis=1)
-    hidden = tf.tanh(enc_c[:, :, None, :] + pred[:, None, :, :])
+    return _joint_cells(enc_c[:, :, None, :] + pred[:, None, :, :], kernel, bias)
+
+
+def _joint_cells(pre, kernel, bias):
+    """The joint on cells [B, C, X, H] before its tanh -> hidden (compute dtype) and float32
+    logits [B, C, X, V]."""
+    hidden = tf.tanh(pre)
     logits = _cells_matmul(hidden, kernel) + bias
     return hidden, tf.cast(logits, tf.float32)
+
+
+def _picked(logits, labels, blank):
+    """Log-sum-exp, blank and `labels` [B, C, X] log-probs [B, C, X] of logits [B, C, X, V]."""
+    lse = tf.reduce_logsumexp(logits, axis=-1)
+    return lse, logits[..., blank] - lse, tf.gather(logits, labels, batch_dims=3) - lse
+
+
+def _cells_gradient(hidden, logits, lse, post_blank, post_label, blank_hot, label_hot, kernel):
+    """The gradient of −Σ post · picked log-prob over cells [B, C, X]: d logits = softmax ·
+    (post_blank + post_label) − post_blank · onehot(blank) − post_label · onehot(label), then
+    -> (d before the tanh [B, C, X, H], d kernel, d bias), all float32."""
+    softmax = tf.exp(logits - lse[..., None])
+    d_logits = (
+        softmax * (post_blank + post_label)[..., None]
+        - post_blank[..., None] * blank_hot
+        - post_label[..., None] * label_hot
+    )  # [B, C, X, V] float32
+    hidden32 = tf.cast(hidden, tf.float32)
+    flat_hidden = tf.reshape(hidden32, [-1, tf.shape(hidden32)[3]])
+    flat_d_logits = tf.reshape(d_logits, [-1, tf.shape(d_logits)[3]])
+    d_kernel = tf.matmul(flat_hidden, flat_d_logits, transpose_a=True)
+    d_bias = tf.reduce_sum(flat_d_logits, axis=0)
+    d_hidden = _cells_matmul(d_logits, tf.cast(kernel, tf.float32), transpose_w=True)
+    return d_hidden * (1.0 - tf.square(hidden32)), d_kernel, d_bias  # through tanh
 
 
 def _cells_matmul(x, w, transpose_w: bool = False):
@@ -168,10 +199,8 @@ def _forward_chunks(padded, chunks, pred, kernel, bias, next_label, blank, chunk
 
     def forward_chunk(i, lse_acc, blank_acc, label_acc):
         _, logits = _chunk_logits(padded, pred, kernel, bias, i)
-        lse = tf.reduce_logsumexp(logits, axis=-1)  # [B, C, U+1]
-        picked_blank = logits[..., blank] - lse
-        label_index = tf.broadcast_to(next_label[:, None, :], tf.shape(lse))
-        picked_label = tf.gather(logits, label_index, batch_dims=3) - lse
+        label_index = tf.broadcast_to(next_label[:, None, :], tf.shape(logits)[:3])
+        lse, picked_blank, picked_label = _picked(logits, label_index, blank)  # [B, C, U+1]
         return (i + 1, lse_acc.write(i, lse), blank_acc.write(i, picked_blank),
                 label_acc.write(i, picked_label))  # fmt: skip
 
@@ -200,23 +229,14 @@ def _backward(padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk,
     def backward_chunk(i, d_enc, d_pred, d_kernel, d_bias):
         hidden, logits = _chunk_logits(padded, pred, kernel, bias, i)
         blank_c, label_c = tf.gather(post_blank, i, axis=1), tf.gather(post_label, i, axis=1)
-        softmax = tf.exp(logits - tf.gather(lse, i, axis=1)[..., None])
-        d_logits = (
-            softmax * (blank_c + label_c)[..., None]
-            - blank_c[..., None] * blank_hot
-            - label_c[..., None] * label_hot
-        )  # [B, C, U+1, V] float32
-        hidden32 = tf.cast(hidden, tf.float32)
-        flat_hidden = tf.reshape(hidden32, [-1, tf.shape(hidden32)[3]])
-        flat_d_logits = tf.reshape(d_logits, [-1, tf.shape(d_logits)[3]])
-        d_kernel += tf.matmul(flat_hidden, flat_d_logits, transpose_a=True)
-        d_bias += tf.reduce_sum(flat_d_logits, axis=0)
-        d_hidden = _cells_matmul(d_logits, tf.cast(kernel, tf.float32), transpose_w=True)
-        d_pre = d_hidden * (1.0 - tf.square(hidden32))  # through tanh
+        d_pre, chunk_kernel, chunk_bias = _cells_gradient(
+            hidden, logits, tf.gather(lse, i, axis=1), blank_c, label_c, blank_hot, label_hot,
+            kernel,
+        )  # fmt: skip
         d_enc = d_enc.write(i, tf.reduce_sum(d_pre, axis=2))  # [B, C, H]
         d_pred = tf.ensure_shape(d_pred + tf.reduce_sum(d_pre, axis=1), pred.shape)
-        d_kernel = tf.ensure_shape(d_kernel, kernel.shape)
-        return i + 1, d_enc, d_pred, d_kernel, tf.ensure_shape(d_bias, bias.shape)
+        d_kernel = tf.ensure_shape(d_kernel + chunk_kernel, kernel.shape)
+        return i + 1, d_enc, d_pred, d_kernel, tf.ensure_shape(d_bias + chunk_bias, bias.shape)
 
     init = [
         tf.constant(0),
