@@ -4,6 +4,7 @@
     <exp>/tokenizer/      a copy of the tokenizer it was trained with
     <exp>/cmvn.json       a copy of the feature statistics (if any)
     <exp>/plan.json       a copy of the memory plan it trains with (if any; `asrkit plan`)
+    <exp>/timing.json     its emission delay, subtracted from word times (`asrkit calibrate`)
     <exp>/checkpoints/    ckpt-<updates>/ (see `asrkit.checkpoints`)
 
 Everything decoding, export, averaging or fine-tuning needs lives inside, so an experiment
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import filecmp
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ CONFIG_FILE = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
 CMVN_FILE = "cmvn.json"
 PLAN_FILE = "plan.json"
+TIMING_FILE = "timing.json"
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")
 
 
@@ -142,6 +145,7 @@ class Experiment:
     tokenizer: Tokenizer
     normalizer: GlobalNormalizer | None
     weights: str  # which weights: "ckpt-00000420", "average of ckpt-… (3)", or a path
+    emission_delay: float = 0.0  # seconds; see `read_emission_delay`
 
 
 def load_experiment(
@@ -172,7 +176,33 @@ def load_experiment(
             weights = f"average of {found[0].name}..{found[-1].name} ({len(found)})"
     if chunk_frames is not None:
         network.encoder.chunk_frames = int(chunk_frames)  # read when the graph is traced
-    return Experiment(network, config, tokenizer, normalizer_for(config.data.cmvn), weights)
+    return Experiment(
+        network, config, tokenizer, normalizer_for(config.data.cmvn), weights,
+        read_emission_delay(exp_dir),
+    )  # fmt: skip
+
+
+def read_emission_delay(exp_dir: str | os.PathLike) -> float:
+    """The emission delay `asrkit calibrate` measured for this experiment (0 if never)."""
+    path = Path(exp_dir) / TIMING_FILE
+    if not path.is_file():
+        return 0.0
+    try:
+        return float(json.loads(path.read_text())["emission_delay_seconds"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise ExperimentError(
+            f"{path}: unreadable ({error}); delete it and run `asrkit calibrate` again"
+        ) from None
+
+
+def write_timing(exp_dir: str | os.PathLike, record: dict) -> Path:
+    """Stores a calibration (`emission_delay_seconds` and how it was measured); written
+    whole or not at all."""
+    path = Path(exp_dir) / TIMING_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def _check_chunk_override(config: ExperimentConfig, chunk_frames: int) -> None:

@@ -36,7 +36,8 @@ OUTPUTS = {
     "text": "string",
     "tokens": "int32 [M] (serve_batch: -1 past token_counts)",
     "token_counts": "int32",
-    "token_times": "float32 [M], seconds",
+    "token_times": "float32 [M], seconds (the emitting frame's, less the emission delay)",
+    "token_frames": "int32 [M], the encoder frame that emitted each token (-1 past counts)",
     "score": "float32, log-probability of the best hypothesis",
     "words": "string [W] ('' past word_counts)",
     "word_starts": "float32 [W], seconds",
@@ -70,7 +71,7 @@ def export_model(
     pieces = tf.constant(tokenizer.surface_pieces())
     mean = tf.constant(normalizer.mean if normalizer else 0.0, tf.float32)
     std = tf.constant(normalizer.std if normalizer else 1.0, tf.float32)
-    clock = FrameClock.of(features)
+    clock = FrameClock.of(features, experiment.emission_delay)
 
     def transcribe_batch(waveforms, lengths):
         lengths = tf.cast(lengths, tf.int32)
@@ -90,6 +91,7 @@ def export_model(
             "tokens": tokens,
             "token_counts": counts,
             "token_times": tf.where(tokens >= 0, clock.seconds(token_frames), 0.0),
+            "token_frames": tf.where(tokens >= 0, token_frames, -1),
             "score": scores,
             **timed_words(tokens, token_frames, log_probs, counts, pieces, clock),
             "nbest_texts": tf.where(alive, detokenize(found.tokens, found.counts, pieces), ""),
@@ -104,7 +106,7 @@ def export_model(
         }
         # One utterance needs no padding: per-token and n-best outputs end at their counts
         # (the words already do: their width is this row's count).
-        for key in ("tokens", "token_times", "token_words"):
+        for key in ("tokens", "token_times", "token_frames", "token_words"):
             one[key] = one[key][: one["token_counts"]]
         for key in ("nbest_texts", "nbest_scores"):
             one[key] = one[key][: one["nbest_counts"]]
@@ -134,8 +136,10 @@ def export_model(
         },
         "outputs": OUTPUTS,
         "decoding": describe(options),
-        "frame_period": clock.period,  # token_times = frame_offset + frame * frame_period
+        # token_times = max(0, frame_offset - emission_delay + frame * frame_period)
+        "frame_period": clock.period,
         "frame_offset": clock.offset,
+        "emission_delay": clock.delay,
         "vocab_size": tokenizer.vocab_size,
         "experiment": str(Path(exp_dir).resolve()),
     }
@@ -172,7 +176,7 @@ def export_streaming(
         model, config.features, experiment.normalizer, config.decode.max_symbols_per_step
     )
     pieces = tf.constant(tokenizer.surface_pieces())
-    clock = FrameClock.of(config.features)
+    clock = FrameClock.of(config.features, experiment.emission_delay)
     template = decoder.initial_state()
     flat = tf.nest.flatten(template)
     names = [f"state_{i:02d}" for i in range(len(flat))]
@@ -247,6 +251,7 @@ def export_streaming(
         "decoding": "greedy, streaming",
         "frame_period": clock.period,
         "frame_offset": clock.offset,
+        "emission_delay": clock.delay,
         "vocab_size": tokenizer.vocab_size,
         "experiment": str(Path(exp_dir).resolve()),
     }

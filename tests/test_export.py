@@ -19,7 +19,7 @@ from asrkit.data.librispeech import prepare_librispeech
 from asrkit.data.manifest import read_manifest
 from asrkit.decoding.runner import decode_manifest
 from asrkit.decoding.transcribe import NetworkRecogniser, transcribe_files
-from asrkit.experiment import adopt_assets, build_network, load_experiment
+from asrkit.experiment import adopt_assets, build_network, load_experiment, write_timing
 from asrkit.export import export_model
 from asrkit.features import GlobalNormalizer, log_mel
 from asrkit.tokenizer import train_tokenizer
@@ -151,8 +151,14 @@ def make_experiment(work, model_config):
 
 def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp_path):
     """Both signatures, in a process that cannot import asrkit: the batched one equals N
-    single calls, and both equal `asrkit decode` and the training-side timed words."""
+    single calls, and both equal `asrkit decode` and the training-side timed words; times
+    are the emitting frames' less the experiment's calibrated emission delay (never < 0)."""
+    import shutil
+
     work, exp, utts = experiment
+    exp = shutil.copytree(exp, tmp_path / "exp")
+    delay = 0.06  # more than frame 0's centre (42.5 ms): its tokens are clamped to 0 s
+    write_timing(exp, {"emission_delay_seconds": delay})
     out = export_model(exp, tmp_path / "saved")
     assert json.loads((out / "asrkit_export.json").read_text())["sample_rate"] == 16000
     paths = [u.audio_path for u in utts]
@@ -168,8 +174,10 @@ def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp
     model, config, tokenizer = loaded.network, loaded.config, loaded.tokenizer
     report = decode_manifest(model, work / "data" / "test-real.jsonl", tokenizer, config)
     decoded = {u.id: u.hypothesis for u in report.utterances}
-    transcribed = transcribe_files(NetworkRecogniser(model, tokenizer, config), paths)
+    transcribed = transcribe_files(NetworkRecogniser.of(loaded), paths)
+    assert loaded.emission_delay == delay
     assert sum(len(one["words"]) for one in single) > 20
+    assert any(0 in here.hypothesis.frames for here in transcribed)  # the clamp is used
     for row, (utt, one, here) in enumerate(zip(utts, single, transcribed, strict=True)):
         n, w = one["token_counts"], one["word_counts"]
         assert one["text"] == decoded[utt.id] == here.text
@@ -180,8 +188,9 @@ def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp
                                ("word_confidence", "confidence")]:  # fmt: skip
             expected = [getattr(word, attribute) for word in here.words]
             assert one[key] == pytest.approx(expected, abs=1e-5)
+        assert one["token_frames"] == here.hypothesis.frames
         assert one["token_times"] == pytest.approx(
-            [0.0425 + 0.04 * f for f in here.hypothesis.frames], abs=1e-5
+            [max(0.0, 0.0425 - delay + 0.04 * f) for f in here.hypothesis.frames], abs=1e-5
         )
         assert one["nbest_texts"] == [one["text"]] and one["nbest_counts"] == 1  # greedy
         # The batched signature: the same per row, padding past each row's count.
@@ -191,9 +200,43 @@ def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp
         assert batch["token_counts"][row] == n and batch["tokens"][row][:n] == one["tokens"]
         assert set(batch["tokens"][row][n:]) <= {-1}
         assert batch["words"][row][:w] == one["words"] and set(batch["words"][row][w:]) <= {""}
+        assert batch["token_frames"][row][:n] == one["token_frames"]
         for key in ("token_times", "word_starts", "word_ends", "word_confidence"):
             width = n if key == "token_times" else w
             assert batch[key][row][:width] == pytest.approx(one[key], abs=1e-5)
+
+
+def test_calibrate_stores_the_delay_transcribe_then_subtracts(experiment, tmp_path):
+    """`asrkit calibrate` (run from another directory) writes the delay measured here;
+    the experiment then loads it and its words move earlier by exactly that much."""
+    import shutil
+
+    from asrkit.decoding.onset import measure_emission_delay
+
+    work, exp, utts = experiment
+    exp = shutil.copytree(exp, tmp_path / "exp")
+    paths = [u.audio_path for u in utts]
+    plain = load_experiment(exp)
+    assert plain.emission_delay == 0.0
+    expected = measure_emission_delay(NetworkRecogniser.of(plain), paths)
+    asrkit = Path(sys.executable).parent / "asrkit"
+    run = subprocess.run(
+        [str(asrkit), "calibrate", "--exp-dir", str(exp), "--manifest",
+         str(work / "data" / "test-real.jsonl")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    record = json.loads((exp / "timing.json").read_text())
+    assert record["emission_delay_seconds"] == pytest.approx(expected.seconds, abs=1e-4)
+    assert record["utterances"] == expected.utterances == len(utts)
+    calibrated = load_experiment(exp)
+    assert calibrated.emission_delay == record["emission_delay_seconds"]
+    before = transcribe_files(NetworkRecogniser.of(plain), paths)
+    after = transcribe_files(NetworkRecogniser.of(calibrated), paths)
+    for one, two in zip(before, after, strict=True):
+        assert [w.text for w in one.words] == [w.text for w in two.words]
+        want = [max(0.0, w.start - calibrated.emission_delay) for w in one.words]
+        assert [w.start for w in two.words] == pytest.approx(want, abs=1e-5)
 
 
 @pytest.mark.slow  # ~48 s of subprocesses: with the slow tests (make test measured 360-392 s)

@@ -40,6 +40,9 @@ def test_mini_recipe_runs_every_stage_and_reruns_nothing(tmp_path):
         hypotheses = (work / "exp" / name / "hyp.txt").read_text().splitlines()
         assert scores["utterances"] == len(hypotheses)
     assert json.loads((work / "exp/decode_test/wer.json").read_text())["method"] == "beam 4"
+    calibrated = (work / "exp/timing.json").is_file()
+    assert ("emission delay" in first.stdout) == calibrated
+    assert calibrated or "word times stay uncalibrated" in first.stdout
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0
     assert again.stdout.count("done before, skipped") == 7
@@ -96,6 +99,8 @@ def test_librispeech_recipe_runs_every_stage_on_a_synthetic_corpus(tmp_path):
             scores = json.loads((work / f"exp/decode/{part}-{method}/wer.json").read_text())
             assert scores["utterances"] > 0 and scores["weights"].endswith("averaged")
     assert (work / "exp/export/saved_model.pb").exists()
+    calibrated = (work / "exp/timing.json").is_file()
+    assert calibrated or "word times stay uncalibrated" in first.stdout
     assert ".flac\t" in first.stdout  # stage 6 transcribed a file with the export
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     seconds = sum(len(a) for a in audio) / 16000
     experiment = load_experiment(args.exp_dir, average=args.average,
                                  chunk_frames=args.chunk_frames)  # fmt: skip
-    recogniser = NetworkRecogniser(experiment.network, experiment.tokenizer, experiment.config)
+    recogniser = NetworkRecogniser.of(experiment)
     tokenizer = experiment.tokenizer
     encoder = experiment.config.model.encoder
     frames = experiment.network.encoder.chunk_frames if encoder.kind == "conformer" else 0

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     experiment = load_experiment(args.exp_dir, average=args.average)
     config = experiment.config
     options = DecodeOptions("beam", 4, config.decode.max_symbols_per_step)
-    recognise = NetworkRecogniser(experiment.network, experiment.tokenizer, config, options)
+    recognise = NetworkRecogniser.of(experiment, options)
     files = sorted(Path(args.audio_dir).rglob("*.flac"))[: args.utterances]
     same = windows = lost = extra = 0
     rng = np.random.default_rng(0)

@@ -8,7 +8,9 @@ does); hypothesis words are matched to reference words where they agree (difflib
 start-time error of each matched word is reported: mean absolute, median, bias (mean
 signed: a transducer emits a word after it begins), 90th percentile, per voice. With
 `--calibrate-part`, the bias measured on that part (other held-out voices, e.g. dev-clean)
-is subtracted from the test part's times, as a deployment could do once per model.
+is subtracted from the test part's times (an oracle: it needs the reference alignment).
+"As emitted" includes the emission delay `asrkit calibrate` stored in the experiment (from
+speech onsets, no alignment needed); "frame times" are the emitting frames' own.
 
     python tools/word_timing.py --exp-dir exp/mini/exp --corpus exp/mini/corpus --seed 0 \\
         --method beam --calibrate-part dev-clean
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
     experiment = load_experiment(args.exp_dir, average=args.average)
     config = experiment.config
     options = DecodeOptions(args.method, args.beam, config.decode.max_symbols_per_step)
-    recognise = NetworkRecogniser(experiment.network, experiment.tokenizer, config, options)
+    recognise = NetworkRecogniser.of(experiment, options)
     corpus = Path(args.corpus).resolve()
     shift = 0.0
     if args.calibrate_part:
@@ -110,7 +112,13 @@ def main(argv=None) -> int:
     errors, matched, total = start_errors(recognise, refs)
     pooled = [e for voice in errors.values() for e in voice]
     print(f"{args.part}: {len(refs)} eSpeak utterances, {matched}/{total} words matched")
-    print(f"  as emitted:     {summary(pooled)}")
+    delay = experiment.emission_delay
+    print(
+        f"  as emitted:     {summary(pooled)}  (emission delay {delay * 1000:.1f} ms"
+        f"{' from asrkit calibrate' if delay else ': not calibrated'})"
+    )
+    if delay:
+        print(f"  frame times:    {summary(pooled, -delay)}  (without the delay)")
     if args.calibrate_part:
         print(f"  calibrated:     {summary(pooled, shift)}")
     for voice, values in sorted(errors.items()):

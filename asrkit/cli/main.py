@@ -16,6 +16,7 @@ import warnings
 from asrkit import __version__
 from asrkit.cli import (
     average,
+    calibrate,
     corpus,
     decode,
     export,
@@ -32,8 +33,8 @@ from asrkit.errors import UserError
 
 # Each subcommand module exposes `register(subparsers)`; its parser sets `func`.
 SUBCOMMANDS = (
-    corpus, prepare, tokenizer, features, plan, train, verify, average, decode, export,
-    transcribe, plot,
+    corpus, prepare, tokenizer, features, plan, train, verify, average, decode, calibrate,
+    export, transcribe, plot,
 )  # fmt: skip
 
 

@@ -134,7 +134,7 @@ def _experiment_recogniser(args):
     experiment = load_experiment(args.exp_dir, average=args.average, chunk_frames=args.chunk_frames)
     config = experiment.config
     options = search_options(args, config.decode.max_symbols_per_step)
-    return NetworkRecogniser(experiment.network, experiment.tokenizer, config, options)
+    return NetworkRecogniser.of(experiment, options)
 
 
 def _model_recogniser(args):

@@ -62,14 +62,27 @@ class NetworkRecogniser:
     """A loaded network with its tokenizer, feature settings and statistics."""
 
     def __init__(
-        self, model, tokenizer: Tokenizer, config: ExperimentConfig, options=DEFAULT_OPTIONS
+        self,
+        model,
+        tokenizer: Tokenizer,
+        config: ExperimentConfig,
+        options=DEFAULT_OPTIONS,
+        emission_delay: float = 0.0,
     ):
         self.model, self.tokenizer, self.options = model, tokenizer, options
         self.features = config.features
         self.sample_rate = config.features.sample_rate
-        self.clock = FrameClock.of(config.features)
+        self.clock = FrameClock.of(config.features, emission_delay)
         self.normalize = normalizer_for(config.data.cmvn)
         self.pieces = tokenizer.surface_pieces()
+
+    @classmethod
+    def of(cls, experiment, options=DEFAULT_OPTIONS) -> NetworkRecogniser:
+        """A loaded `asrkit.experiment.Experiment`, with its emission delay."""
+        return cls(
+            experiment.network, experiment.tokenizer, experiment.config, options,
+            experiment.emission_delay,
+        )  # fmt: skip
 
     def __call__(self, waveforms: list[np.ndarray]) -> list[Decoded]:
         batch = featurise_samples(waveforms, self.features, self.normalize)
@@ -98,7 +111,9 @@ class SavedModelRecogniser:
                 "without the batched signature; export it again with this version"
             )
         self.sample_rate = int(info["sample_rate"])
-        self.clock = FrameClock(info["frame_period"], info["frame_offset"])
+        self.clock = FrameClock(
+            info["frame_period"], info["frame_offset"], info.get("emission_delay", 0.0)
+        )
         self.serve = tf.saved_model.load(str(directory)).signatures["serve_batch"]
 
     def __call__(self, waveforms: list[np.ndarray]) -> list[Decoded]:
@@ -111,8 +126,11 @@ class SavedModelRecogniser:
         decoded = []
         for row in range(len(waveforms)):
             n = int(out["token_counts"][row])
-            times = out["token_times"][row, :n]
-            frames = np.rint((times - self.clock.offset) / self.clock.period).astype(int)
+            if "token_frames" in out:
+                frames = out["token_frames"][row, :n]
+            else:  # an export from before token_frames (and emission delays)
+                times = out["token_times"][row, :n]
+                frames = np.rint((times - self.clock.offset) / self.clock.period).astype(int)
             words = row_words(out, row)
             best = Hypothesis(
                 out["tokens"][row, :n].tolist(),

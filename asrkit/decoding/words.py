@@ -6,7 +6,9 @@ convolutions); a token emitted at frame t gets the centre of that span as its ti
 `offset + t * period` with `period = 4 * frame_step / rate` (40 ms) and
 `offset = (3 * frame_step + frame_length / 2) / rate` (42.5 ms). A transducer emits a token
 once it has heard it, so this is when the model *recognised* the token, typically a little
-after it began (measured by `tools/word_timing.py`).
+after it began. An experiment calibrated by `asrkit calibrate` also holds its emission delay
+(`asrkit.decoding.onset`), which the clock subtracts: `max(0, offset - delay + t * period)`
+(measured against eSpeak's own word boundaries by `tools/word_timing.py`).
 
 Words. A word starts at a piece that begins with a word boundary ("▁", a space in
 `Tokenizer.surface_pieces`), unless the piece before it was a bare boundary (which then
@@ -41,21 +43,25 @@ class Word:
 
 @dataclass(frozen=True)
 class FrameClock:
-    """Encoder frame index -> seconds."""
+    """Encoder frame index -> seconds: the centre of the frame's audio, less the model's
+    emission delay (never before 0)."""
 
     period: float
-    offset: float
+    offset: float  # the centre of encoder frame 0's audio
+    delay: float = 0.0  # seconds the model emits a word after it starts (asrkit calibrate)
 
     @classmethod
-    def of(cls, features: FeatureConfig) -> FrameClock:
+    def of(cls, features: FeatureConfig, delay: float = 0.0) -> FrameClock:
         rate = float(features.sample_rate)
         return cls(
             period=SUBSAMPLING * features.frame_step / rate,
             offset=(RECEPTIVE_CENTRE * features.frame_step + features.frame_length / 2) / rate,
+            delay=float(delay),
         )
 
     def seconds(self, frames):
-        return self.offset + tf.cast(frames, tf.float32) * self.period
+        raw = self.offset - self.delay + tf.cast(frames, tf.float32) * self.period
+        return tf.maximum(raw, 0.0)
 
 
 def detokenize(tokens, counts, pieces):

@@ -46,10 +46,19 @@ def _one_error_line(capsys, command: str) -> str:
           "--out", "{tmp}/t"], "tokenizer train", "{tmp}/none.jsonl"),
         (["corpus", "synth", "--out", "{tmp}/c", "--natural-share", "1.5"], "corpus synth",
          "--natural-share must be in [0, 1], got 1.5"),
+        (["calibrate", "--exp-dir", "{tmp}/nowhere", "--manifest", "{tmp}/m.jsonl"],
+         "calibrate", "{tmp}/m.jsonl"),
+        (["calibrate", "--exp-dir", "{tmp}", "--manifest", "{tmp}/one.jsonl"], "calibrate",
+         "utterance u1: audio {tmp}/u1.flac not found"),
+        (["calibrate", "--exp-dir", "{tmp}", "--manifest", "{tmp}/one.jsonl", "--limit", "0"],
+         "calibrate", "--limit must be >= 1, got 0"),
     ],
 )  # fmt: skip
 def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, command, names):
     (tmp_path / "bad.yaml").write_text("train:\n  epoch: 3\n")
+    one = {"id": "u1", "audio_path": f"{tmp_path}/u1.flac", "duration": 1.0, "text": "A",
+           "speaker": "1"}  # fmt: skip
+    (tmp_path / "one.jsonl").write_text(json.dumps(one) + "\n")
     argv = [a.format(tmp=tmp_path) for a in argv]
     assert main(argv) == 2
     line = _one_error_line(capsys, command)

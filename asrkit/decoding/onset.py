@@ -1,0 +1,84 @@
+"""A model's emission delay, measured from where speech begins in ordinary recordings.
+
+A transducer emits a token once it has heard enough of it, so the frame that emits a
+word's first token lies some tens of milliseconds after the word begins. Any recording
+that starts with a little silence shows this without a reference alignment: the first
+word cannot begin before the speech does. The delay is the median, over utterances, of
+the time of the first token's frame (the centre of its audio: `FrameClock` without a
+delay) minus the speech onset, the first 10 ms frame whose energy comes within
+`ONSET_BELOW_PEAK_DB` of the loudest frame and `ONSET_ABOVE_FLOOR_DB` above the quiet
+floor. `asrkit calibrate` stores it in the experiment; the clock subtracts it from every
+token and word time (`FrameClock.delay`). Words inside an utterance come out later than
+the first one (by ~40 ms on the mini recipe's models, `tools/word_timing.py`), so this
+removes most of the bias, not all of it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from asrkit.errors import InputError
+
+ONSET_HOP_SECONDS = 0.01
+ONSET_BELOW_PEAK_DB = 35.0
+ONSET_ABOVE_FLOOR_DB = 12.0
+FLOOR_PERCENTILE = 10
+
+
+@dataclass(frozen=True)
+class EmissionDelay:
+    seconds: float  # median of first-word time - speech onset
+    utterances: int  # utterances measured (a first word and a speech onset)
+    skipped: int  # utterances without recognised words or without a quiet-to-speech onset
+    spread: float  # the interquartile range of the per-utterance delays, seconds
+
+
+def speech_onset(samples: np.ndarray, rate: int) -> float | None:
+    """Seconds where speech starts: the first 10 ms frame at most `ONSET_BELOW_PEAK_DB`
+    below the loudest and `ONSET_ABOVE_FLOOR_DB` above the floor (the 10th percentile
+    frame); None for a recording without such a rise (silence, or a steady sound)."""
+    hop = max(1, round(ONSET_HOP_SECONDS * rate))
+    usable = len(samples) // hop * hop
+    if usable == 0:
+        return None
+    frames = np.asarray(samples[:usable], np.float64).reshape(-1, hop)
+    level = 10 * np.log10(np.mean(np.square(frames), axis=1) + 1e-12)
+    floor = np.percentile(level, FLOOR_PERCENTILE)
+    threshold = max(level.max() - ONSET_BELOW_PEAK_DB, floor + ONSET_ABOVE_FLOOR_DB)
+    if level.max() < threshold:
+        return None
+    return float(np.argmax(level >= threshold) * hop / rate)
+
+
+def measure_emission_delay(recognise, paths: list[str | Path]) -> EmissionDelay:
+    """The emission delay of `recognise` (a recogniser of `asrkit.decoding.transcribe`)
+    over the audio files `paths` (the words of each file's transcript against its speech
+    onset)."""
+    from asrkit.audio import read_audio
+    from asrkit.decoding.transcribe import transcribe_files
+
+    rate = recognise.sample_rate
+    found = transcribe_files(recognise, paths)
+    delays = []
+    for transcript in found:
+        onset = speech_onset(read_audio(transcript.path, rate), rate)
+        if onset is None or not transcript.words:
+            continue
+        clock = recognise.clock  # the first token's frame, without any delay (or clamp)
+        delays.append(clock.offset + clock.period * transcript.hypothesis.frames[0] - onset)
+    if not delays:
+        raise InputError(
+            f"none of the {len(paths)} recordings has both recognised words and a quiet "
+            "start followed by speech; calibrate on held-out recordings the model transcribes"
+        )
+    quartiles = statistics.quantiles(delays, n=4) if len(delays) > 1 else [delays[0]] * 3
+    return EmissionDelay(
+        seconds=float(statistics.median(delays)),
+        utterances=len(delays),
+        skipped=len(found) - len(delays),
+        spread=float(quartiles[2] - quartiles[0]),
+    )
