@@ -4,13 +4,14 @@ A transducer emits a token once it has heard enough of it, so the frame that emi
 word's first token lies some tens of milliseconds after the word begins. Any recording
 that starts with a little silence shows this without a reference alignment: the first
 word cannot begin before the speech does. The delay is the median, over utterances, of
-the time of the first token's frame (the centre of its audio: `FrameClock` without a
-delay) minus the speech onset, the first 10 ms frame whose energy comes within
-`ONSET_BELOW_PEAK_DB` of the loudest frame and `ONSET_ABOVE_FLOOR_DB` above the quiet
-floor. `asrkit calibrate` stores it in the experiment; the clock subtracts it from every
-token and word time (`FrameClock.delay`). Words inside an utterance come out later than
-the first one (by ~40 ms on the mini recipe's models, `tools/word_timing.py`), so this
-removes most of the bias, not all of it.
+the first word's start (the centre of the audio of the frame that emitted its first
+token with text: `FrameClock` without a delay) minus the speech onset, the first 10 ms
+frame whose energy comes within `ONSET_BELOW_PEAK_DB` of the loudest frame and
+`ONSET_ABOVE_FLOOR_DB` above the quiet floor. `asrkit calibrate` stores it in the
+experiment; the clock subtracts it from every token and word time (`FrameClock.delay`).
+Words inside an utterance come out later than the first one (by ~40 ms on the mini
+recipe's models, `tools/word_timing.py`), so this removes most of the bias, not all of
+it.
 """
 
 from __future__ import annotations
@@ -55,12 +56,14 @@ def speech_onset(samples: np.ndarray, rate: int) -> float | None:
 
 
 def measure_emission_delay(recognise, paths: list[str | Path]) -> EmissionDelay:
-    """The emission delay of `recognise` (a recogniser of `asrkit.decoding.transcribe`)
-    over the audio files `paths` (the words of each file's transcript against its speech
-    onset)."""
+    """The emission delay of `recognise` (a recogniser of `asrkit.decoding.transcribe`
+    whose clock has no delay yet) over the audio files `paths`: each transcript's first
+    word against the file's speech onset."""
     from asrkit.audio import read_audio
     from asrkit.decoding.transcribe import transcribe_files
 
+    if recognise.clock.delay:
+        raise ValueError("measure the emission delay with a clock that has none")
     rate = recognise.sample_rate
     found = transcribe_files(recognise, paths)
     delays = []
@@ -68,8 +71,7 @@ def measure_emission_delay(recognise, paths: list[str | Path]) -> EmissionDelay:
         onset = speech_onset(read_audio(transcript.path, rate), rate)
         if onset is None or not transcript.words:
             continue
-        clock = recognise.clock  # the first token's frame, without any delay (or clamp)
-        delays.append(clock.offset + clock.period * transcript.hypothesis.frames[0] - onset)
+        delays.append(transcript.words[0].start - onset)
     if not delays:
         raise InputError(
             f"none of the {len(paths)} recordings has both recognised words and a quiet "

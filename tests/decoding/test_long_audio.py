@@ -128,3 +128,113 @@ def test_a_real_clip_repeated_is_cut_between_its_copies(name):
     assert len(cuts) == copies + 1
     for k, cut in enumerate(cuts[1:-1], start=1):
         assert abs(cut / rate - k * duration) < 0.25, (k, cut / rate)
+
+
+def _fit_to_the_real_clips(work: Path, steps: int = 300):
+    """A small LSTM transducer (characters) fitted to the five real clips until it
+    transcribes each exactly, on the clips alone and with what a window adds around a
+    segment: a fragment of another clip's end before it, of another clip's start after it
+    (their words are not in the target). Returns (recogniser factory, {id: clip})."""
+    import json
+
+    import keras
+    import tensorflow as tf
+
+    from asrkit.audio import read_audio
+    from asrkit.config import DataConfig, ExperimentConfig
+    from asrkit.decoding.search import DecodeOptions
+    from asrkit.decoding.transcribe import NetworkRecogniser
+    from asrkit.experiment import build_network
+    from asrkit.features import GlobalNormalizer, log_mel
+    from asrkit.losses.rnnt import rnnt_loss
+    from asrkit.tokenizer import train_tokenizer
+    from tests.tiny import tiny_model_config
+
+    lines = (REAL / "9002-90021.trans.txt").read_text().splitlines()
+    texts = dict(line.split(" ", 1) for line in lines)
+    ids = sorted(texts)
+    clips = {i: read_audio(REAL / f"{i}.flac") for i in ids}
+    tokenizer = train_tokenizer(list(texts.values()), work / "tokenizer", 40, "char")
+    normalizer = GlobalNormalizer.fit(log_mel(c).numpy() for c in clips.values())
+    (work / "cmvn.json").write_text(json.dumps(normalizer.to_dict()))
+    config = ExperimentConfig(
+        model=tiny_model_config(64), data=DataConfig(cmvn=str(work / "cmvn.json"))
+    )
+    keras.utils.set_random_seed(0)
+    network = build_network(config, tokenizer.vocab_size)
+    optimizer = keras.optimizers.Adam(3e-3)
+    labels = [tokenizer.encode(texts[i]) for i in ids]
+    label_array = np.zeros((len(ids), max(map(len, labels))), np.int32)
+    for row, label in enumerate(labels):
+        label_array[row, : len(label)] = label
+    label_lengths = tf.constant([len(label) for label in labels], tf.int32)
+    rng = np.random.default_rng(0)
+    max_frames = 1100  # the longest clip (7.1 s) with 1.6 s around it, in feature frames
+
+    def example(clip):
+        if rng.random() < 0.3:
+            return clip
+        before, after = clips[ids[rng.integers(len(ids))]], clips[ids[rng.integers(len(ids))]]
+        head = int(rng.uniform(0.0, 0.8) * RATE)
+        tail = int(rng.uniform(0.0, 0.8) * RATE)
+        return np.concatenate([before[len(before) - head :], clip, after[:tail]])
+
+    @tf.function(reduce_retracing=True)
+    def step(features, feature_lengths):
+        with tf.GradientTape() as tape:
+            encoded, lengths = network.encode(features, feature_lengths, training=True)
+            logits = network.join(encoded, network.predict(label_array, training=True))
+            losses = rnnt_loss(logits, label_array, lengths, label_lengths)
+            loss = tf.reduce_sum(losses) / tf.cast(tf.reduce_sum(label_lengths), tf.float32)
+        grads = tape.gradient(loss, network.trainable_variables)
+        grads, _ = tf.clip_by_global_norm(grads, 5.0)
+        optimizer.apply_gradients(zip(grads, network.trainable_variables, strict=True))
+        return loss
+
+    for _ in range(steps):
+        feats = [log_mel(example(clips[i])).numpy() for i in ids]
+        batch = np.zeros((len(ids), max_frames, feats[0].shape[1]), np.float32)
+        for row, f in enumerate(feats):
+            batch[row, : len(f)] = (f - normalizer.mean) / normalizer.std
+        loss = step(tf.constant(batch), tf.constant([len(f) for f in feats], tf.int32))
+    assert float(loss) < 0.1, f"the model did not fit the clips (loss {float(loss):.3f}/token)"
+
+    def recogniser(method):
+        return NetworkRecogniser(network, tokenizer, config, DecodeOptions(method, 4, 3))
+
+    return recogniser, {i: texts[i] for i in ids}
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    return _fit_to_the_real_clips(tmp_path_factory.mktemp("fitted"))
+
+
+@pytest.mark.slow  # ~90 s: fits a model to the real clips first
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+@pytest.mark.parametrize("name", ["9002-90021-0001", "9002-90021-0004"])
+def test_a_real_clip_repeated_gives_the_clips_words_once_per_copy(fitted, tmp_path, name, method):
+    """A real clip concatenated with itself four times, transcribed in windows (each cut
+    between copies, each window hearing 0.5 s of the neighbouring copies) by a model on
+    real speech: the words are the single clip's words, four times, none lost or repeated,
+    at the single clip's times shifted by each copy's start."""
+    recogniser, texts = fitted
+    recognise = recogniser(method)
+    clip, rate = soundfile.read(REAL / f"{name}.flac", dtype="float32")
+    [single] = transcribe_files(recognise, [REAL / f"{name}.flac"])
+    assert single.text == texts[name]  # the model knows the clip
+    copies, duration = 4, len(clip) / rate
+    path = tmp_path / "long.wav"
+    soundfile.write(path, np.tile(clip, copies), rate)
+    windowing = Windowing(
+        max_seconds=1.3 * duration, context_seconds=0.5, search_seconds=0.6 * duration
+    )
+    [long] = transcribe_files(recognise, [path], windowing=windowing)
+    assert long.windows == copies
+    assert [w.text for w in long.words] == [w.text for w in single.words] * copies
+    # Times count from the file's start: each word near its single-clip time shifted by its
+    # copy's start (the model, hearing other audio before, may emit a word a few frames
+    # earlier or later; a window placed wrongly would move every word by >= 0.5 s).
+    shifted = np.array([w.start + k * duration for k in range(copies) for w in single.words])
+    error = np.abs(np.array([w.start for w in long.words]) - shifted)
+    assert error.max() < 0.4 and np.median(error) <= 0.041, error
