@@ -12,10 +12,11 @@ after it began. An experiment calibrated by `asrkit calibrate` also holds its em
 
 Words. A word starts at a piece that begins with a word boundary ("▁", a space in
 `Tokenizer.surface_pieces`), unless the piece before it was a bare boundary (which then
-began the word), and at the first token. A word's start is the time of its first token
-that carries text — a bare boundary marks where a word begins in the tokens, not when: a
-model may emit it long before the word (e.g. on the first frame of a window, for the
-word that follows a pause). Its end is the last token's time plus one frame period — but
+began the word), and at the first token. A word's start is the time of its first token —
+except for a bare boundary that opens the hypothesis: every transcript starts with one,
+so a model emits it on the first frames whatever the audio (measured: on a window that
+opens with a pause it came ~0.6 s before the word), and the first word starts at its
+next token instead. Its end is the last token's time plus one frame period — but
 no later than the next word's start, so words never overlap (tokens of two words emitted
 at one frame end the first word at its last token's time) — and its confidence the
 lowest posterior probability among its tokens (the joint's probability of the token
@@ -99,7 +100,8 @@ def timed_words(tokens, frames, token_log_probs, counts, pieces, clock: FrameClo
 
     text = per_word(tf.strings.unsorted_segment_join, piece)
     text = tf.strings.upper(tf.strings.strip(tf.strings.regex_replace(text, r"\s+", " ")))
-    text_frames = tf.where(bare, tf.int32.max, tf.cast(frames, tf.int32))  # bare: no time
+    untimed = bare & (position == 0)  # the utterance's opening boundary has no time
+    text_frames = tf.where(untimed, tf.int32.max, tf.cast(frames, tf.int32))
     first = per_word(tf.math.unsorted_segment_min, text_frames)
     last = per_word(tf.math.unsorted_segment_max, frames)
     lowest = per_word(tf.math.unsorted_segment_min, token_log_probs)

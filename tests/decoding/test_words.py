@@ -20,7 +20,7 @@ PIECES = ["", " ", " the", " a", "b", "cd", " e", "f", " \u2047 ", "g"]
 
 def python_words(tokens, frames, log_probs, clock):
     """Words by reading the pieces left to right (the definition in asrkit.decoding.words)."""
-    words = []  # [text, first frame of a piece with text, last frame, lowest log-prob]
+    words = []  # [text, first timed frame, last frame, lowest log-prob]
     for i, (token, frame, log_prob) in enumerate(zip(tokens, frames, log_probs, strict=True)):
         piece = PIECES[token]
         after_bare = i > 0 and PIECES[tokens[i - 1]].strip() == ""
@@ -30,7 +30,7 @@ def python_words(tokens, frames, log_probs, clock):
             words[-1][0] += piece
             words[-1][2] = frame
             words[-1][3] = min(words[-1][3], log_prob)
-        if piece.strip() and words[-1][1] is None:  # a bare boundary has no time of its own
+        if (piece.strip() or i > 0) and words[-1][1] is None:  # the opening "▁" has no time
             words[-1][1] = frame
     kept = [
         (" ".join(text.split()).upper(), clock.offset + first * clock.period,
