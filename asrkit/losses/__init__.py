@@ -4,10 +4,16 @@ loss on the encoder."""
 
 from asrkit.losses.ctc import ctc_losses
 from asrkit.losses.fused import fused_joint_rnnt_loss
-from asrkit.losses.pruned import loss_scales, prune_ranges, pruned_loss, simple_loss
+from asrkit.losses.pruned import (
+    fused_simple_loss,
+    loss_scales,
+    prune_ranges,
+    pruned_loss,
+    simple_loss,
+)
 from asrkit.losses.rnnt import REDUCTIONS, RNNTLoss, rnnt_loss
 
 __all__ = [
-    "REDUCTIONS", "RNNTLoss", "ctc_losses", "fused_joint_rnnt_loss", "loss_scales", "prune_ranges",
-    "pruned_loss", "rnnt_loss", "simple_loss",
+    "REDUCTIONS", "RNNTLoss", "ctc_losses", "fused_joint_rnnt_loss", "fused_simple_loss",
+    "loss_scales", "prune_ranges", "pruned_loss", "rnnt_loss", "simple_loss",
 ]  # fmt: skip

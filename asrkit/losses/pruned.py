@@ -21,6 +21,8 @@ With S >= U + 1 the band covers the whole lattice and the pruned loss *is* the f
 
 from __future__ import annotations
 
+import functools
+
 import tensorflow as tf
 
 from asrkit.losses.band import band_log_probs
@@ -33,6 +35,7 @@ from asrkit.losses.rnnt import (
     _next_labels,
     _posteriors,
 )
+from asrkit.losses.trivial import _TINY, plain_terms, trivial_terms
 
 
 def lattice_loss(log_blank, log_label, logit_lengths, label_lengths):
@@ -80,21 +83,58 @@ def simple_loss(
     am: [B, T, V] encoder part, lm: [B, U+1, V] predictor part of the logits am + lm.
     With both scales 0 this equals `rnnt_loss(am[:, :, None] + lm[:, None], ...)`.
     """
-    am, lm = tf.cast(am, tf.float32), tf.cast(lm, tf.float32)
+    return _simple_loss(
+        functools.partial(plain_terms, am), lm, labels, logit_lengths, label_lengths, blank,
+        lm_only_scale, am_only_scale,
+    )  # fmt: skip
+
+
+def fused_simple_loss(
+    encoded,
+    kernel,
+    bias,
+    lm,
+    labels,
+    logit_lengths,
+    label_lengths,
+    blank: int = 0,
+    lm_only_scale: float = 0.0,
+    am_only_scale: float = 0.0,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+):
+    """`simple_loss` with am = encoded @ kernel + bias computed chunk by chunk, never whole
+    (`asrkit.losses.trivial`): the same loss, occupancy and gradients (tested)."""
+
+    def terms(lm, next_label, blank, unigram):
+        return trivial_terms(encoded, kernel, bias, lm, next_label, blank, unigram, chunk_bytes)
+
+    return _simple_loss(
+        terms, lm, labels, logit_lengths, label_lengths, blank, lm_only_scale, am_only_scale
+    )
+
+
+def _simple_loss(terms, lm, labels, logit_lengths, label_lengths, blank, lm_only_scale,
+                 am_only_scale):  # fmt: skip
+    """The simple loss from `terms(lm, next_label, blank, unigram)` -> (norm, am_label,
+    am_blank, am_norm): what it needs of the encoder part (`asrkit.losses.trivial`)."""
+    lm = tf.cast(lm, tf.float32)
     labels = tf.cast(labels, tf.int32)
     logit_lengths = tf.cast(logit_lengths, tf.int32)
     label_lengths = tf.cast(label_lengths, tf.int32)
     next_label = _next_labels(labels, label_lengths, tf.shape(lm)[1])  # [B, U+1]
-    am_max = tf.stop_gradient(tf.reduce_max(am, axis=-1, keepdims=True))  # [B, T, 1]
     lm_max = tf.stop_gradient(tf.reduce_max(lm, axis=-1, keepdims=True))  # [B, U+1, 1]
-    am_exp, lm_exp = tf.exp(am - am_max), tf.exp(lm - lm_max)
-    tiny = tf.experimental.numpy.finfo(tf.float32.as_numpy_dtype).tiny
-    norm = tf.math.log(tf.einsum("btv,buv->btu", am_exp, lm_exp) + tiny)
-    norm += am_max + tf.transpose(lm_max, [0, 2, 1])  # [B, T, U+1]
+    lm_exp = tf.exp(lm - lm_max)
+    unigram = None
+    if am_only_scale:
+        # "AM only": the predictor replaced by its unigram average over the batch's rows.
+        rows = tf.sequence_mask(label_lengths + 1, tf.shape(lm)[1], tf.float32)  # [B, U+1]
+        lm_probs = lm_exp / tf.reduce_sum(lm_exp, axis=-1, keepdims=True)
+        unigram = tf.reduce_sum(lm_probs * rows[..., None], axis=[0, 1])
+        unigram = unigram / tf.maximum(tf.reduce_sum(rows), 1.0) + _TINY  # [V]
+    norm, am_label, am_blank, am_norm = terms(lm, next_label, blank, unigram)
 
-    am_label = tf.gather(am, next_label, axis=2, batch_dims=1)  # [B, T, U+1]
     lm_label = tf.gather(lm, next_label[..., None], axis=2, batch_dims=2)[..., 0]  # [B, U+1]
-    am_blank, lm_blank = am[..., blank], lm[..., blank]  # [B, T], [B, U+1]
+    lm_blank = lm[..., blank]  # [B, U+1]
     log_blank = am_blank[:, :, None] + lm_blank[:, None, :] - norm
     log_label = am_label + lm_label[:, None, :] - norm
 
@@ -106,12 +146,6 @@ def simple_loss(
         log_blank += lm_only_scale * (lm_blank - lm_norm)[:, None, :]
         log_label += lm_only_scale * (lm_label - lm_norm)[:, None, :]
     if am_only_scale:
-        # "AM only": the predictor replaced by its unigram average over the batch's rows.
-        rows = tf.sequence_mask(label_lengths + 1, tf.shape(lm)[1], tf.float32)  # [B, U+1]
-        lm_probs = lm_exp / tf.reduce_sum(lm_exp, axis=-1, keepdims=True)
-        unigram = tf.reduce_sum(lm_probs * rows[..., None], axis=[0, 1])
-        unigram = unigram / tf.maximum(tf.reduce_sum(rows), 1.0) + tiny  # [V]
-        am_norm = tf.math.log(tf.einsum("btv,v->bt", am_exp, unigram)) + am_max[..., 0]
         log_unigram = tf.math.log(unigram)
         log_blank += am_only_scale * (am_blank + log_unigram[blank] - am_norm)[:, :, None]
         am_only_label = am_label + tf.gather(log_unigram, next_label)[:, None, :]
@@ -127,6 +161,8 @@ def prune_ranges(occupancy, logit_lengths, label_lengths, prune_range: int):
     on the first frame and contains row U_b from the last real frame on.
     """
     occupancy = tf.cast(occupancy, tf.float32)
+    logit_lengths = tf.cast(logit_lengths, tf.int32)
+    label_lengths = tf.cast(label_lengths, tf.int32)
     shape = tf.shape(occupancy)
     frames, u1 = shape[1], shape[2]
     span = tf.minimum(prune_range, u1)

@@ -15,6 +15,7 @@ import tensorflow as tf
 from asrkit.losses import (
     ctc_losses,
     fused_joint_rnnt_loss,
+    fused_simple_loss,
     loss_scales,
     prune_ranges,
     pruned_loss,
@@ -81,17 +82,26 @@ class TransducerTask(AccumulatingModel):
         """icefall's recipe: simple · simple_loss + pruned · pruned_loss, the weights warmed
         up over optimizer updates (read from the optimizer, so never micro-batches)."""
         network, config = self.network, self.network.config
-        am, lm = network.simple(encoded, predicted)
-        simple, occupancy = simple_loss(
-            am, lm, labels, encoder_lengths, label_lengths, BLANK_ID,
-            config.lm_only_scale, config.am_only_scale,
-        )  # fmt: skip
+        chunk_bytes = int(config.joint_chunk_mb * 2**20)
+        if config.fused_joint_loss:  # the encoder's projection to V chunk by chunk
+            am_proj = network.simple.am_proj
+            simple, occupancy = fused_simple_loss(
+                encoded, am_proj.kernel, am_proj.bias, network.simple.lm_proj(predicted),
+                labels, encoder_lengths, label_lengths, BLANK_ID, config.lm_only_scale,
+                config.am_only_scale, chunk_bytes,
+            )  # fmt: skip
+        else:
+            am, lm = network.simple(encoded, predicted)
+            simple, occupancy = simple_loss(
+                am, lm, labels, encoder_lengths, label_lengths, BLANK_ID,
+                config.lm_only_scale, config.am_only_scale,
+            )  # fmt: skip
         s_begin = prune_ranges(occupancy, encoder_lengths, label_lengths, config.prune_range)
         enc_h, pred_h = network.joint.project(encoded, predicted)
         pruned = pruned_loss(
             enc_h, pred_h, network.joint.output_layer, labels, encoder_lengths, label_lengths,
             s_begin, config.prune_range, BLANK_ID, fused=config.fused_joint_loss,
-            chunk_bytes=int(config.joint_chunk_mb * 2**20),
+            chunk_bytes=chunk_bytes,
         )  # fmt: skip
         updates = self._updates(default=config.loss_warmup_updates)
         simple_weight, pruned_weight = loss_scales(

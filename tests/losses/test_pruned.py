@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.losses import loss_scales, prune_ranges, pruned_loss, rnnt_loss, simple_loss
+from asrkit.losses import (
+    fused_simple_loss,
+    loss_scales,
+    prune_ranges,
+    pruned_loss,
+    rnnt_loss,
+    simple_loss,
+)
 
 B, T, U, H, V = 3, 12, 5, 8, 11
 FRAMES = np.array([12, 9, 4], np.int32)
@@ -71,6 +78,44 @@ def test_smoothed_simple_loss_matches_a_numpy_reference(lm_only, am_only):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4)
     plain, _ = simple_loss(am, lm, labels, FRAMES, LABEL_LENGTHS)
     assert not np.allclose(got.numpy(), plain.numpy())
+
+
+@pytest.mark.parametrize(("lm_only", "am_only"), [(0.0, 0.0), (0.25, 0.0), (0.1, 0.2)])
+@pytest.mark.parametrize("chunk_bytes", [1, 3000, 2**26])  # 1 frame, a few, all at once
+def test_the_fused_simple_loss_gives_the_plain_loss_occupancy_and_gradients(
+    chunk_bytes, lm_only, am_only
+):
+    """am = encoded @ kernel + bias chunk by chunk (never whole) = the projection made
+    first and `simple_loss` on it: losses, occupancy, and the gradients of the encoder
+    frames, the projection's kernel and bias and the predictor part, padding included."""
+    rng = np.random.default_rng(6)
+    encoded = tf.constant(rng.standard_normal((B, T, H)), tf.float32)
+    lm = tf.constant(rng.standard_normal((B, U + 1, V)) * 2, tf.float32)
+    labels = _labels(rng)
+    keras.utils.set_random_seed(6)
+    projection = keras.layers.Dense(V)
+    projection.build((None, H))
+    kernel, bias = projection.kernel, projection.bias
+    weights = tf.constant([1.0, -0.5, 2.0])
+    results = []
+    for fused in (False, True):
+        with tf.GradientTape() as tape:
+            tape.watch([encoded, lm])
+            if fused:
+                losses, occupancy = fused_simple_loss(
+                    encoded, kernel, bias, lm, labels, FRAMES, LABEL_LENGTHS, 0, lm_only,
+                    am_only, chunk_bytes,
+                )  # fmt: skip
+            else:
+                losses, occupancy = simple_loss(
+                    projection(encoded), lm, labels, FRAMES, LABEL_LENGTHS, 0, lm_only, am_only
+                )
+            total = tf.reduce_sum(losses * weights)
+        gradients = tape.gradient(total, [encoded, lm, kernel, bias])
+        results.append([losses, occupancy, *gradients])
+    for got, want in zip(results[1], results[0], strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+    assert np.abs(results[0][2].numpy()).max() > 1e-2  # the encoder does get a gradient
 
 
 def _joint_case(seed):
@@ -185,7 +230,10 @@ def test_the_whole_pruned_recipe_compiles_with_xla_and_matches_eager():
         pruned = pruned_loss(enc, pred, output, labels, FRAMES, LABEL_LENGTHS, s_begin, 3)
         fused = pruned_loss(enc, pred, output, labels, FRAMES, LABEL_LENGTHS, s_begin, 3,
                             fused=True, chunk_bytes=3000)  # fmt: skip
-        return simple, pruned + 0.5 * fused
+        kernel, bias = output.kernel[:, :V], output.bias  # any projection to V will do
+        fused_simple, _ = fused_simple_loss(enc, kernel, bias, lm, labels, FRAMES,
+                                            LABEL_LENGTHS, 0, 0.25, 0.1, 3000)  # fmt: skip
+        return simple + fused_simple, pruned + 0.5 * fused
 
     def with_grads(*args):
         with tf.GradientTape() as tape:

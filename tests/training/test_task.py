@@ -82,3 +82,33 @@ def test_dynamic_chunks_train_each_update_with_that_updates_chunk():
     assert float(task.compute_loss_terms(batch, training=False)[0]) == pytest.approx(
         fixed_loss(4), rel=1e-5
     )
+
+
+def test_the_pruned_loss_is_the_same_fused_or_plain():
+    """`model.fused_joint_loss` with `model.loss: pruned` (the simple loss' projection and
+    the band chunk by chunk) = the plain pruned loss: the loss and every variable's
+    gradient, smoothing on."""
+    rng = np.random.default_rng(4)
+    batch = (rng.standard_normal((3, 64, 80)).astype(np.float32),
+             np.array([64, 40, 28], np.int32),
+             np.array([[1, 2, 2, 4], [5, 6, 0, 0], [7, 0, 0, 0]], np.int32),
+             np.array([4, 2, 1], np.int32))  # fmt: skip
+    config = dataclasses.replace(
+        tiny_model_config(predictor="stateless"), loss="pruned", prune_range=2,
+        lm_only_scale=0.25, am_only_scale=0.1, joint_chunk_mb=0.01,
+    )  # fmt: skip
+    results, weights = [], None
+    for fused in (False, True):
+        keras.utils.set_random_seed(0)
+        task = TransducerTask(Transducer(9, dataclasses.replace(config, fused_joint_loss=fused)))
+        task.network.build_from_features(80)
+        weights = weights or task.network.get_weights()
+        task.network.set_weights(weights)
+        with tf.GradientTape() as tape:
+            total, _ = task.compute_loss_terms(batch, training=False)
+        variables = task.network.trainable_variables
+        results.append([total, *tape.gradient(total, variables)])
+    assert len(results[1]) > 10
+    for got, want in zip(results[1], results[0], strict=True):
+        got, want = tf.convert_to_tensor(got), tf.convert_to_tensor(want)  # embeddings: slices
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,210 @@
+"""The pruned loss' trivial joiner, chunk by chunk: what the simple loss needs from the
+encoder's projection to the vocabulary, never holding that projection for all frames.
+
+The simple loss (`asrkit.losses.pruned.simple_loss`) reads the encoder part of its logits,
+am = encoded @ kernel + bias [B, T, V], only through four reductions over V:
+
+    norm[t, u]     = log Σ_v exp(am[t, v] + lm[u, v])          [B, T, U+1]
+    am_label[t, u] = am[t, next_label[u]]                      [B, T, U+1]
+    am_blank[t]    = am[t, blank]                              [B, T]
+    am_norm[t]     = log Σ_v exp(am[t, v]) · unigram[v]        [B, T] (AM-only smoothing)
+
+`trivial_terms` computes them a chunk of frames at a time (am, its exponentials and their
+products with exp(lm) exist for one chunk only) and, with a custom gradient, recomputes
+each chunk in the backward pass:
+
+    d am[t, v] = exp(am[t, v]) · Σ_u g_norm[t, u] · exp(lm[u, v] − norm[t, u])
+               + Σ_u g_label[t, u] · [v = next_label[u]] + g_blank[t] · [v = blank]
+               + g_am_norm[t] · exp(am[t, v]) · unigram[v] / exp(am_norm[t])
+    d lm[u, v] = exp(lm[u, v]) · Σ_t g_norm[t, u] · exp(am[t, v] − norm[t, u])
+    d unigram[v] = Σ_t g_am_norm[t] · exp(am[t, v] − am_norm[t])
+
+then through the projection to the encoder frames, the kernel and the bias. (Exponentials
+are taken after subtracting each frame's and each row's maximum, as the plain path does.)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+
+from asrkit.losses.fused import DEFAULT_CHUNK_BYTES, _in_chunks, _stitch
+
+_TINY = tf.experimental.numpy.finfo(tf.float32.as_numpy_dtype).tiny
+
+
+def plain_terms(am, lm, next_label, blank: int, unigram=None):
+    """The four reductions from a whole am [B, T, V] (differentiated by TensorFlow)."""
+    am, lm = tf.cast(am, tf.float32), tf.cast(lm, tf.float32)
+    next_label = tf.cast(next_label, tf.int32)
+    am_max = tf.stop_gradient(tf.reduce_max(am, axis=-1, keepdims=True))  # [B, T, 1]
+    lm_max = tf.stop_gradient(tf.reduce_max(lm, axis=-1, keepdims=True))  # [B, U+1, 1]
+    am_exp, lm_exp = tf.exp(am - am_max), tf.exp(lm - lm_max)
+    norm = tf.math.log(tf.einsum("btv,buv->btu", am_exp, lm_exp) + _TINY)
+    norm += am_max + tf.transpose(lm_max, [0, 2, 1])
+    am_label = tf.gather(am, next_label, axis=2, batch_dims=1)
+    am_norm = None
+    if unigram is not None:
+        am_norm = tf.math.log(tf.einsum("btv,v->bt", am_exp, unigram)) + am_max[..., 0]
+    return norm, am_label, am[..., blank], am_norm
+
+
+def trivial_terms(
+    encoded,
+    kernel,
+    bias,
+    lm,
+    next_label,
+    blank: int = 0,
+    unigram=None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+):
+    """(norm, am_label, am_blank, am_norm) float32 of am = encoded @ kernel + bias, as
+    `plain_terms` gives them, chunk by chunk (am_norm is None without `unigram`).
+
+    encoded: [B, T, D] (any float dtype; the projection runs in it, as the Dense layer
+    would); kernel [D, V], bias [V]; lm: [B, U+1, V]; next_label: [B, U+1] int;
+    unigram: [V] or None. About `chunk_bytes` of float32 temporaries per chunk.
+    """
+    kernel = tf.cast(kernel, encoded.dtype)
+    bias = tf.cast(bias, encoded.dtype)
+    lm = tf.cast(lm, tf.float32)
+    next_label = tf.cast(next_label, tf.int32)
+    smoothing = unigram is not None
+    unigram = tf.cast(unigram, tf.float32) if smoothing else tf.zeros([1], tf.float32)
+    chunk = _chunk_frames(encoded, kernel, chunk_bytes)
+    blank = int(blank)
+
+    @tf.custom_gradient
+    def core(encoded, kernel, bias, lm, unigram):
+        encoded, kernel, bias, lm, unigram = (
+            tf.stop_gradient(x) for x in (encoded, kernel, bias, lm, unigram)
+        )
+        frames = tf.shape(encoded)[1]
+        enc_c, chunks = _in_chunks(encoded, chunk)
+        lm_max = tf.reduce_max(lm, axis=-1, keepdims=True)  # [B, U+1, 1]
+        lm_exp = tf.exp(lm - lm_max)
+        norm, am_label, am_blank, am_norm, am_max = _forward(
+            enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, smoothing,
+            chunks, frames,
+        )  # fmt: skip
+
+        def grad(g_norm, g_label, g_blank, g_am_norm):
+            g_am_norm = g_am_norm if smoothing else tf.zeros_like(am_blank)
+            d_enc, d_kernel, d_bias, d_lm, d_unigram = _backward(
+                enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, smoothing,
+                chunks, frames, chunk, norm, am_norm, am_max,
+                tf.cast(g_norm, tf.float32), tf.cast(g_label, tf.float32),
+                tf.cast(g_blank, tf.float32), tf.cast(g_am_norm, tf.float32),
+            )  # fmt: skip
+            return (
+                tf.cast(d_enc, encoded.dtype),
+                tf.cast(d_kernel, kernel.dtype),
+                tf.cast(d_bias, bias.dtype),
+                d_lm,
+                d_unigram,
+            )
+
+        return (norm, am_label, am_blank, am_norm), grad
+
+    norm, am_label, am_blank, am_norm = core(encoded, kernel, bias, lm, unigram)
+    return norm, am_label, am_blank, (am_norm if smoothing else None)
+
+
+def _chunk_frames(encoded, kernel, chunk_bytes):
+    """Frames per chunk: per frame the backward pass holds about 6·B·V float32 values
+    (am, its exponentials, d am and its terms)."""
+    batch = tf.shape(encoded, out_type=tf.int64)[0]
+    vocab = tf.shape(kernel, out_type=tf.int64)[1]
+    per_frame = 6 * batch * vocab * 4
+    frames = tf.constant(int(chunk_bytes), tf.int64) // tf.maximum(per_frame, 1)
+    longest = tf.maximum(tf.shape(encoded, out_type=tf.int64)[1], 1)
+    return tf.cast(tf.clip_by_value(frames, 1, longest), tf.int32)
+
+
+def _chunk_am(enc_c, kernel, bias, i):
+    """am [B, C, V] float32 of chunk i, its per-frame max [B, C, 1] and exp(am - max)."""
+    enc = tf.gather(enc_c, i, axis=1)  # [B, C, D]
+    shape = tf.shape(enc)
+    am = tf.matmul(tf.reshape(enc, [-1, shape[2]]), kernel) + bias
+    am = tf.cast(tf.reshape(am, [shape[0], shape[1], -1]), tf.float32)
+    am_max = tf.reduce_max(am, axis=-1, keepdims=True)
+    return enc, am, am_max, tf.exp(am - am_max)
+
+
+# Graph functions even for eager callers (see asrkit.losses.fused).
+@functools.partial(tf.function, reduce_retracing=True)
+def _forward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, smoothing,
+             chunks, frames):  # fmt: skip
+    lm_max_row = tf.transpose(lm_max, [0, 2, 1])  # [B, 1, U+1]
+
+    def body(i, norm_a, label_a, blank_a, am_norm_a, max_a):
+        _, am, am_max, am_exp = _chunk_am(enc_c, kernel, bias, i)
+        norm = tf.math.log(tf.einsum("bcv,buv->bcu", am_exp, lm_exp) + _TINY)
+        norm += am_max + lm_max_row
+        am_label = tf.gather(am, next_label, axis=2, batch_dims=1)
+        if smoothing:
+            am_norm = tf.math.log(tf.einsum("bcv,v->bc", am_exp, unigram)) + am_max[..., 0]
+        else:
+            am_norm = tf.zeros_like(am_max[..., 0])
+        return (i + 1, norm_a.write(i, norm), label_a.write(i, am_label),
+                blank_a.write(i, am[..., blank : blank + 1]),
+                am_norm_a.write(i, am_norm[..., None]), max_a.write(i, am_max))  # fmt: skip
+
+    arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(5)]
+    _, *arrays = tf.while_loop(lambda i, *_: i < chunks, body, [tf.constant(0), *arrays])
+    norm, am_label, am_blank, am_norm, am_max = (_stitch(a, frames) for a in arrays)
+    return norm, am_label, am_blank[..., 0], am_norm[..., 0], am_max[..., 0]
+
+
+@functools.partial(tf.function, reduce_retracing=True)
+def _backward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, smoothing,
+              chunks, frames, chunk, norm, am_norm, am_max, g_norm, g_label, g_blank,
+              g_am_norm):  # fmt: skip
+    vocab = tf.shape(kernel)[1]
+    label_hot = tf.one_hot(next_label, vocab, dtype=tf.float32)  # [B, U+1, V]
+    blank_hot = tf.one_hot(blank, vocab, dtype=tf.float32)  # [V]
+    lm_max_row = tf.transpose(lm_max, [0, 2, 1])  # [B, 1, U+1]
+    # w[t, u] = g_norm · exp(am_max[t] + lm_max[u] − norm[t, u]): the softmax over v of
+    # am + lm is exp(am − am_max) · exp(lm − lm_max) · w / g_norm.
+    weight = g_norm * tf.exp(am_max[..., None] + lm_max_row - norm)
+    weight_c, label_c = _in_chunks(weight, chunk)[0], _in_chunks(g_label, chunk)[0]
+    per_frame = tf.stack([g_blank, g_am_norm * tf.exp(am_max - am_norm)], axis=-1)
+    per_frame_c = _in_chunks(per_frame, chunk)[0]  # [B, N, C, 2]
+
+    def body(i, d_enc, d_kernel, d_bias, d_lm, d_unigram):
+        enc, _, _, am_exp = _chunk_am(enc_c, kernel, bias, i)
+        w = tf.gather(weight_c, i, axis=1)  # [B, C, U+1]
+        g_lab = tf.gather(label_c, i, axis=1)
+        g_blank_c, g_norm_am = tf.unstack(tf.gather(per_frame_c, i, axis=1), axis=-1)
+        d_am = am_exp * tf.einsum("bcu,buv->bcv", w, lm_exp)
+        d_am += tf.einsum("bcu,buv->bcv", g_lab, label_hot)
+        d_am += g_blank_c[..., None] * blank_hot
+        d_lm += lm_exp * tf.einsum("bcu,bcv->buv", w, am_exp)
+        if smoothing:
+            d_am += g_norm_am[..., None] * am_exp * unigram
+            d_unigram += tf.einsum("bc,bcv->v", g_norm_am, am_exp)
+        shape = tf.shape(d_am)
+        flat_d = tf.reshape(d_am, [-1, shape[2]])
+        flat_enc = tf.cast(tf.reshape(enc, [-1, tf.shape(enc)[2]]), tf.float32)
+        d_kernel = tf.ensure_shape(
+            d_kernel + tf.matmul(flat_enc, flat_d, transpose_a=True), d_kernel.shape
+        )
+        d_bias = tf.ensure_shape(d_bias + tf.reduce_sum(flat_d, axis=0), d_bias.shape)
+        d_enc_chunk = tf.matmul(flat_d, tf.cast(kernel, tf.float32), transpose_b=True)
+        d_enc = d_enc.write(i, tf.reshape(d_enc_chunk, [shape[0], shape[1], -1]))
+        return i + 1, d_enc, d_kernel, d_bias, d_lm, d_unigram
+
+    init = [
+        tf.constant(0),
+        tf.TensorArray(tf.float32, size=chunks),
+        tf.zeros(tf.shape(kernel), tf.float32),
+        tf.zeros(tf.shape(bias), tf.float32),
+        tf.zeros(tf.shape(lm_exp), tf.float32),
+        tf.zeros(tf.shape(unigram), tf.float32),
+    ]
+    _, d_enc, d_kernel, d_bias, d_lm, d_unigram = tf.while_loop(
+        lambda i, *_: i < chunks, body, init
+    )
+    return _stitch(d_enc, frames), d_kernel, d_bias, d_lm, d_unigram
