@@ -26,6 +26,7 @@ from asrkit.losses.fused import (
     DEFAULT_CHUNK_BYTES,
     _cells_gradient,
     _chunk_frames,
+    _chunk_loop,
     _in_chunks,
     _joint_cells,
     _picked,
@@ -115,7 +116,7 @@ def _forward(enc_c, band_c, kernel, bias, labels_c, blank, chunks, frames):
                 label_acc.write(i, picked_label))  # fmt: skip
 
     arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(3)]
-    _, *arrays = tf.while_loop(lambda i, *_: i < chunks, body, [tf.constant(0), *arrays])
+    _, *arrays = _chunk_loop(chunks, body, [tf.constant(0), *arrays])
     return tuple(_stitch(a, frames) for a in arrays)
 
 
@@ -147,5 +148,5 @@ def _backward(enc_c, band_c, kernel, bias, labels_c, blank, chunks, frames, lse_
         tf.zeros(tf.shape(kernel), tf.float32),
         tf.zeros(tf.shape(bias), tf.float32),
     ]
-    _, d_enc, d_band, d_kernel, d_bias = tf.while_loop(lambda i, *_: i < chunks, body, init)
+    _, d_enc, d_band, d_kernel, d_bias = _chunk_loop(chunks, body, init)
     return _stitch(d_enc, frames), _stitch(d_band, frames), d_kernel, d_bias

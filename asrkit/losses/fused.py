@@ -205,8 +205,15 @@ def _forward_chunks(padded, chunks, pred, kernel, bias, next_label, blank, chunk
                 label_acc.write(i, picked_label))  # fmt: skip
 
     arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(3)]
-    _, *arrays = tf.while_loop(lambda i, *_: i < chunks, forward_chunk, [tf.constant(0), *arrays])
+    _, *arrays = _chunk_loop(chunks, forward_chunk, [tf.constant(0), *arrays])
     return tuple(_stitch(a, frames) for a in arrays)
+
+
+def _chunk_loop(chunks, body, init):
+    """`body(i, *state)` for chunks i = 0 .. chunks - 1, one chunk at a time: the default
+    lets up to 10 iterations run at once, each holding its chunk's temporaries, which
+    multiplies the memory the chunks are sized to bound."""
+    return tf.while_loop(lambda i, *_: i < chunks, body, init, parallel_iterations=1)
 
 
 def _stitch(array: tf.TensorArray, frames) -> tf.Tensor:
@@ -245,9 +252,7 @@ def _backward(padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk,
         tf.zeros(tf.shape(kernel), tf.float32),
         tf.zeros(tf.shape(bias), tf.float32),
     ]
-    _, d_enc, d_pred, d_kernel, d_bias = tf.while_loop(
-        lambda i, *_: i < chunks, backward_chunk, init
-    )
+    _, d_enc, d_pred, d_kernel, d_bias = _chunk_loop(chunks, backward_chunk, init)
     d_enc = _stitch(d_enc, frames)
     return (
         tf.cast(d_enc, padded.dtype),

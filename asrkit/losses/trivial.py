@@ -29,7 +29,7 @@ import functools
 
 import tensorflow as tf
 
-from asrkit.losses.fused import DEFAULT_CHUNK_BYTES, _in_chunks, _stitch
+from asrkit.losses.fused import DEFAULT_CHUNK_BYTES, _chunk_loop, _in_chunks, _stitch
 
 _TINY = tf.experimental.numpy.finfo(tf.float32.as_numpy_dtype).tiny
 
@@ -153,7 +153,7 @@ def _forward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, sm
                 am_norm_a.write(i, am_norm[..., None]), max_a.write(i, am_max))  # fmt: skip
 
     arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(5)]
-    _, *arrays = tf.while_loop(lambda i, *_: i < chunks, body, [tf.constant(0), *arrays])
+    _, *arrays = _chunk_loop(chunks, body, [tf.constant(0), *arrays])
     norm, am_label, am_blank, am_norm, am_max = (_stitch(a, frames) for a in arrays)
     return norm, am_label, am_blank[..., 0], am_norm[..., 0], am_max[..., 0]
 
@@ -204,7 +204,5 @@ def _backward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, s
         tf.zeros(tf.shape(lm_exp), tf.float32),
         tf.zeros(tf.shape(unigram), tf.float32),
     ]
-    _, d_enc, d_kernel, d_bias, d_lm, d_unigram = tf.while_loop(
-        lambda i, *_: i < chunks, body, init
-    )
+    _, d_enc, d_kernel, d_bias, d_lm, d_unigram = _chunk_loop(chunks, body, init)
     return _stitch(d_enc, frames), d_kernel, d_bias, d_lm, d_unigram

@@ -82,7 +82,7 @@ class TransducerTask(AccumulatingModel):
         """icefall's recipe: simple · simple_loss + pruned · pruned_loss, the weights warmed
         up over optimizer updates (read from the optimizer, so never micro-batches)."""
         network, config = self.network, self.network.config
-        chunk_bytes = int(config.joint_chunk_mb * 2**20)
+        chunk_bytes = int(config.pruned_chunk_mb * 2**20)
         if config.fused_joint_loss:  # the encoder's projection to V chunk by chunk
             am_proj = network.simple.am_proj
             simple, occupancy = fused_simple_loss(

@@ -95,7 +95,7 @@ def test_the_pruned_loss_is_the_same_fused_or_plain():
              np.array([4, 2, 1], np.int32))  # fmt: skip
     config = dataclasses.replace(
         tiny_model_config(predictor="stateless"), loss="pruned", prune_range=2,
-        lm_only_scale=0.25, am_only_scale=0.1, joint_chunk_mb=0.01,
+        lm_only_scale=0.25, am_only_scale=0.1, pruned_chunk_mb=0.01,
     )  # fmt: skip
     results, weights = [], None
     for fused in (False, True):
