@@ -100,8 +100,15 @@ def _chunk_frames(enc, pred, kernel, chunk_frames, chunk_bytes):
     u1 = tf.shape(pred, out_type=tf.int64)[1]
     hidden, vocab = tf.unstack(tf.shape(kernel, out_type=tf.int64))
     per_frame = shape[0] * u1 * (6 * vocab + 4 * hidden) * 4
-    frames = tf.constant(int(chunk_bytes), tf.int64) // tf.maximum(per_frame, 1)
-    return tf.cast(tf.clip_by_value(frames, 1, tf.maximum(shape[1], 1)), tf.int32)
+    return _frames_in_budget(chunk_bytes, per_frame, shape[1])
+
+
+def _frames_in_budget(chunk_bytes, per_frame, frames):
+    """int32 frames per chunk: as many as `chunk_bytes` hold at `per_frame` bytes each, at
+    least 1 and at most `frames` (int64 shape arithmetic, which XLA evaluates when it
+    compiles)."""
+    fit = tf.constant(int(chunk_bytes), tf.int64) // tf.maximum(per_frame, 1)
+    return tf.cast(tf.clip_by_value(fit, 1, tf.maximum(frames, 1)), tf.int32)
 
 
 def _chunk_logits(enc_chunks, pred, kernel, bias, i):

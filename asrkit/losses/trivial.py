@@ -29,7 +29,13 @@ import functools
 
 import tensorflow as tf
 
-from asrkit.losses.fused import DEFAULT_CHUNK_BYTES, _chunk_loop, _in_chunks, _stitch
+from asrkit.losses.fused import (
+    DEFAULT_CHUNK_BYTES,
+    _chunk_loop,
+    _frames_in_budget,
+    _in_chunks,
+    _stitch,
+)
 
 _TINY = tf.experimental.numpy.finfo(tf.float32.as_numpy_dtype).tiny
 
@@ -115,12 +121,9 @@ def trivial_terms(
 def _chunk_frames(encoded, kernel, chunk_bytes):
     """Frames per chunk: per frame the backward pass holds about 6·B·V float32 values
     (am, its exponentials, d am and its terms)."""
-    batch = tf.shape(encoded, out_type=tf.int64)[0]
+    shape = tf.shape(encoded, out_type=tf.int64)
     vocab = tf.shape(kernel, out_type=tf.int64)[1]
-    per_frame = 6 * batch * vocab * 4
-    frames = tf.constant(int(chunk_bytes), tf.int64) // tf.maximum(per_frame, 1)
-    longest = tf.maximum(tf.shape(encoded, out_type=tf.int64)[1], 1)
-    return tf.cast(tf.clip_by_value(frames, 1, longest), tf.int32)
+    return _frames_in_budget(chunk_bytes, 6 * shape[0] * vocab * 4, shape[1])
 
 
 def _chunk_am(enc_c, kernel, bias, i):
