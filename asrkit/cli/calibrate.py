@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
             "manifest": str(Path(args.manifest).resolve()),
             "weights": experiment.weights,
             "search": f"beam {args.beam}" if args.method == "beam" else "greedy",
-            "definition": "median over utterances of (first token's frame centre - speech "
-            "onset); asrkit.decoding.onset",
+            "definition": "median over utterances of (first word's start - speech onset), "
+            "the start being its emitting frame's centre; asrkit.decoding.onset",
         },
     )
     print(
