@@ -283,24 +283,28 @@ def _reader(path: str | os.PathLike):
 def restore(network, path: str | os.PathLike, optimizer=None) -> TrainState:
     """Loads a checkpoint directory into a built network (and an optimizer, to resume).
 
-    Every network variable must be in the checkpoint with its shape. With an optimizer,
-    the trainable variables must also be in the order the checkpoint's optimizer slots
-    were saved in; otherwise `CheckpointError` says to fine-tune instead.
+    The checkpoint must hold exactly the network's variables, with their shapes. With an
+    optimizer, the trainable variables must also be in the order the checkpoint's optimizer
+    slots were saved in; otherwise `CheckpointError` says to fine-tune instead.
     """
     path = Path(path)
     saved = read_weights(path)
     named = named_variables(network)
     missing = sorted(set(named) - set(saved))
+    # Variables the model lacks: another architecture whose variables happen to include
+    # all of this one's (fewer blocks, no per-block norms) would otherwise load silently.
+    extra = sorted(set(saved) - set(named))
     wrong = [
         f"{k} {tuple(saved[k].shape)} != {tuple(v.shape)}"
         for k, v in named.items()
         if k in saved and tuple(saved[k].shape) != tuple(v.shape)
     ]
-    if missing or wrong:
+    if missing or extra or wrong:
         raise CheckpointError(
             f"{path}: does not fit this model ({len(missing)} variable(s) missing, e.g. "
-            f"{missing[:3]}; shape differences: {wrong[:3]}). Is it another architecture? "
-            "Use --init-from to load what fits."
+            f"{missing[:3]}; {len(extra)} the model does not have, e.g. {extra[:3]}; shape "
+            f"differences: {wrong[:3]}). Is it another architecture? Use --init-from to load "
+            "what fits."
         )
     if optimizer is not None:
         order_file = path / "variables.json"

@@ -62,6 +62,7 @@ ENCODERS = ("conformer", "lstm")
 NORMALIZERS = ("tokens", "utterances")
 LOSSES = ("full", "pruned")
 PREDICTORS = ("lstm", "stateless")
+FINAL_NORMS = ("block", "encoder", "none")  # see model.encoder.final_norm
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,12 @@ class EncoderConfig:
     # model serves several latencies (decode with --chunk-frames N; chunk_frames is the
     # default). 0 = off. Needs chunk_frames > 0.
     dynamic_chunks: int = 0
+    # Conformer: where the LayerNorm after the residual additions sits — "block" (the
+    # Conformer paper: at the end of every block), "encoder" (once, after the last block) or
+    # "none". With "block" a small Conformer on the mini corpus stayed in the predictor-only
+    # phase for most of its training (recipes/mini/README.md). Experiments recorded before
+    # this key existed keep "block" (LEGACY_DEFAULTS).
+    final_norm: str = "none"
 
     def __post_init__(self):
         if self.kind not in ENCODERS:
@@ -102,6 +109,10 @@ class EncoderConfig:
                 "model.encoder.chunk_frames must be >= 0 (0: full context) and "
                 f"model.encoder.left_chunks >= -1 (-1: all), got {self.chunk_frames} and "
                 f"{self.left_chunks}"
+            )
+        if self.final_norm not in FINAL_NORMS:
+            raise ValueError(
+                f"model.encoder.final_norm must be one of {FINAL_NORMS}, got {self.final_norm!r}"
             )
         if self.dynamic_chunks < 0 or (self.dynamic_chunks and not self.chunk_frames):
             raise ValueError(
@@ -279,6 +290,10 @@ class ExperimentConfig:
 MOVED_KEYS = {"train.max_symbols_per_step": "decode.max_symbols_per_step"}
 # Keys that no longer mean anything: accepted (experiments made before keep loading) and
 # ignored, with a warning saying why.
+# Keys added with a default that changes what an older config meant: a recorded experiment
+# config without them (asrkit train wrote it before they existed) keeps the old value, so
+# the network it builds is still the one its checkpoints hold.
+LEGACY_DEFAULTS = {"model.encoder.final_norm": "block"}
 REMOVED_KEYS = {
     "data.shuffle_buffer": "epochs are shuffled whole from an index of the shards (0.3), "
     "there is no buffer to size",
@@ -354,13 +369,30 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> ExperimentConfig:
-    """A YAML config (its `base:`, if any, first), then `--set` overrides."""
+def load_config(
+    path: str | os.PathLike | None, overrides: list[str] = (), recorded: bool = False
+) -> ExperimentConfig:
+    """A YAML config (its `base:`, if any, first), then `--set` overrides. `recorded`: the
+    config an experiment recorded, whose missing LEGACY_DEFAULTS keys keep their old value."""
     data = _read_yaml(Path(path)) if path is not None else {}
+    if recorded:
+        data = _with_legacy_defaults(data)
     try:
         return build_config(ExperimentConfig, apply_overrides(data, list(overrides)))
     except ConfigError as err:
         raise ConfigError(f"{path or '--set'}: {err}") from None
+
+
+def _with_legacy_defaults(data: dict) -> dict:
+    data = copy.deepcopy(data)
+    for key, value in LEGACY_DEFAULTS.items():
+        *sections, name = key.split(".")
+        node = data
+        for section in sections:
+            node = node.get(section) if isinstance(node, dict) else None
+        if isinstance(node, dict) and name not in node:
+            node[name] = value
+    return data
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:

@@ -27,9 +27,10 @@ from asrkit.checkpoints import (
     assign_weights,
     average_checkpoints,
     last_checkpoints,
+    list_checkpoints,
     restore,
 )
-from asrkit.config import ExperimentConfig, load_config
+from asrkit.config import LEGACY_DEFAULTS, ExperimentConfig, load_config
 from asrkit.errors import InputError, UserError
 from asrkit.features import GlobalNormalizer, normalizer_for
 from asrkit.models.transducer import Transducer
@@ -69,6 +70,30 @@ def adopt_assets(config: ExperimentConfig, exp_dir: str | os.PathLike) -> Experi
     }
     data = dataclasses.replace(data, tokenizer=TOKENIZER_DIR, cmvn=cmvn, plan=plan, **shards)
     return dataclasses.replace(config, data=data)
+
+
+def check_resumable(config: ExperimentConfig, exp_dir: str | os.PathLike) -> None:
+    """Refuses to resume an experiment whose checkpoints were trained with another value
+    of a key whose default has changed since (LEGACY_DEFAULTS): its recorded config keeps
+    the old value, and a run with the new default would build another network."""
+    exp_dir = Path(exp_dir)
+    if not (exp_dir / CONFIG_FILE).is_file() or not list_checkpoints(exp_dir / "checkpoints"):
+        return
+    recorded = load_config(exp_dir / CONFIG_FILE, recorded=True)
+    for key in LEGACY_DEFAULTS:
+        was, now = _config_value(recorded, key), _config_value(config, key)
+        if was != now:
+            raise ExperimentError(
+                f"{exp_dir}: its checkpoints were trained with {key}={was}, this run asks "
+                f"for {now}; resume with --set {key}={was}, or train into a new --exp-dir "
+                "(--init-from loads what fits)"
+            )
+
+
+def _config_value(config, key: str):
+    for name in key.split("."):
+        config = getattr(config, name)
+    return config
 
 
 def _adopt_tokenizer(source: Path, target: Path) -> None:
@@ -119,7 +144,7 @@ def load_experiment_config(exp_dir: str | os.PathLike) -> ExperimentConfig:
         raise FileNotFoundError(
             f"{exp_dir}: not an experiment directory (no {CONFIG_FILE}; made by asrkit train)"
         )
-    return resolve_assets(load_config(exp_dir / CONFIG_FILE), exp_dir)
+    return resolve_assets(load_config(exp_dir / CONFIG_FILE, recorded=True), exp_dir)
 
 
 def resolve_assets(config: ExperimentConfig, exp_dir: str | os.PathLike) -> ExperimentConfig:

@@ -236,3 +236,27 @@ def test_resume_restores_the_optimizer_and_refuses_unmatched_slots(tmp_path):
     with pytest.raises(CheckpointError, match="--init-from"):
         restore(*_with_optimizer()[:1], path, _with_optimizer()[1])
     restore(built_transducer(), path)  # the weights alone still load
+
+
+def _conformer_config(**encoder):
+    fields = dict(kind="conformer", d_model=16, num_blocks=2, num_heads=2, kernel_size=5,
+                  subsampling_filters=8, dropout=0.0)  # fmt: skip
+    return ModelConfig(encoder=EncoderConfig(**{**fields, **encoder}), joint_dim=16)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [dict(num_blocks=1), dict(final_norm="none")],
+    ids=["fewer blocks", "no per-block norms"],
+)
+def test_a_checkpoint_with_variables_the_model_lacks_is_refused(tmp_path, other):
+    """A model whose variables are a subset of a checkpoint's is another architecture:
+    loading it for decoding must fail loudly, not use part of the weights."""
+    trained = built_transducer(_conformer_config(final_norm="block"))
+    manager = CheckpointManager(tmp_path, keep=1)
+    path = manager.save(trained, TrainState(epoch=1, micro_batches=0, updates=1))
+    smaller = built_transducer(_conformer_config(**{"final_norm": "block", **other}))
+    assert set(named_variables(smaller)) < set(read_weights(path))
+    with pytest.raises(CheckpointError, match="the model does not have"):
+        restore(smaller, path)
+    restore(built_transducer(_conformer_config(final_norm="block")), path)  # the same fits

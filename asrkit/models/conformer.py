@@ -1,5 +1,10 @@
 """Conformer encoder: ×4 conv subsampling, then macaron blocks
-(½ feed-forward, rotary multi-head self-attention, convolution module, ½ feed-forward).
+(½ feed-forward, rotary multi-head self-attention, convolution module, ½ feed-forward), each
+module with its own pre-norm. `final_norm` places the LayerNorm after the residual sums: at
+the end of every block as in the Conformer paper ("block"), once after the last block
+("encoder"), or nowhere ("none", the config's default: a small Conformer with per-block
+norms stayed in the predictor-only phase for most of the mini recipe's training; without
+them it learns the corpus faster than the LSTM, recipes/mini/README.md).
 
 Streaming (`chunk_frames` > 0, WeNet's chunk masks): encoder frames are grouped in chunks of
 `chunk_frames`; a frame attends to the frames of its own chunk and of the `left_chunks`
@@ -23,6 +28,7 @@ import math
 import keras
 import tensorflow as tf
 
+from asrkit.config import FINAL_NORMS
 from asrkit.models.layers import (
     CompositeLayer,
     block_seeds,
@@ -221,6 +227,7 @@ class ConformerBlock(CompositeLayer):
         dropout: float = 0.1,
         conv_norm: str = "layer",
         causal: bool = False,
+        out_norm: bool = True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -231,7 +238,8 @@ class ConformerBlock(CompositeLayer):
         self.attention = RotarySelfAttention(d_model, num_heads, dropout)
         self.conv = ConvolutionModule(d_model, kernel_size, conv_norm, dropout, causal)
         self.ff2 = FeedForward(d_model, dropout=dropout)
-        self.out_norm = keras.layers.LayerNormalization()
+        # The Conformer paper's LayerNorm at the end of every block (see ConformerEncoder).
+        self.out_norm = keras.layers.LayerNormalization() if out_norm else None
 
     def call(self, x, lengths, training=False, seed=None, allowed=None):
         """x [B, T, D] -> [B, T, D]; every dropout mask is drawn from `seed` [2], so the
@@ -249,7 +257,10 @@ class ConformerBlock(CompositeLayer):
         x = x + seeded_dropout(attended, self.dropout, seed, 3, training)
         x = x + self.conv(x, lengths, training=training, seed=part(4))
         x = x + 0.5 * self.ff2(x, training=training, seed=part(5))
-        return zero_padding(self.out_norm(x), lengths)
+        return zero_padding(self._out(x), lengths)
+
+    def _out(self, x):
+        return x if self.out_norm is None else self.out_norm(x)
 
     def stream(self, x, state, offset, allowed):
         """The next frames of one stream (see `ConformerEncoder.stream`): state = (keys,
@@ -263,7 +274,7 @@ class ConformerBlock(CompositeLayer):
         convolved, tail = self.conv.stream(x, tail)
         x = x + convolved
         x = x + 0.5 * self.ff2(x)
-        return self.out_norm(x), (keys, values, tail)
+        return self._out(x), (keys, values, tail)
 
     def get_config(self):
         return {
@@ -274,6 +285,7 @@ class ConformerBlock(CompositeLayer):
             "dropout": self.dropout,
             "conv_norm": self.conv_norm,
             "causal": self.causal,
+            "out_norm": self.out_norm is not None,
         }
 
 
@@ -294,21 +306,26 @@ class ConformerEncoder(CompositeLayer):
         chunk_frames: int = 0,
         left_chunks: int = -1,
         dynamic_chunks: int = 0,
+        final_norm: str = "block",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if final_norm not in FINAL_NORMS:
+            raise ValueError(f"final_norm must be one of {FINAL_NORMS}, got {final_norm!r}")
         self.d_model, self.num_blocks, self.num_heads = d_model, num_blocks, num_heads
         self.kernel_size, self.dropout, self.conv_norm = kernel_size, dropout, conv_norm
         self.subsampling_filters, self.recompute = subsampling_filters, recompute
         self.chunk_frames, self.left_chunks = chunk_frames, left_chunks
-        self.dynamic_chunks = dynamic_chunks
+        self.dynamic_chunks, self.final_norm = dynamic_chunks, final_norm
         self.subsampling = ConvSubsampling(subsampling_filters, d_model)
         self.seeds = keras.random.SeedGenerator()
         causal = chunk_frames > 0 or dynamic_chunks > 0
+        per_block = final_norm == "block"
         self.blocks = [
-            ConformerBlock(d_model, num_heads, kernel_size, dropout, conv_norm, causal)
+            ConformerBlock(d_model, num_heads, kernel_size, dropout, conv_norm, causal, per_block)
             for _ in range(num_blocks)
         ]
+        self.norm = keras.layers.LayerNormalization() if final_norm == "encoder" else None
 
     @property
     def output_dim(self) -> int:
@@ -336,7 +353,10 @@ class ConformerEncoder(CompositeLayer):
                 return block(x, lengths, training=training, seed=block_seed, allowed=allowed)
 
             x = maybe_recomputed(run, self.recompute and training)(x)
-        return x, lengths
+        return zero_padding(self._out(x), lengths), lengths
+
+    def _out(self, x):
+        return x if self.norm is None else self.norm(x)
 
     @property
     def streams(self) -> bool:
@@ -381,7 +401,7 @@ class ConformerEncoder(CompositeLayer):
                 start = tf.maximum(tf.shape(keys)[1] - self.left_chunks * self.chunk_frames, 0)
                 keys, values = keys[:, start:], values[:, start:]
             kept.append((keys, values, tail))
-        return x, (offset + tf.shape(x)[1], kept)
+        return self._out(x), (offset + tf.shape(x)[1], kept)
 
     def get_config(self):
         return {
@@ -397,4 +417,5 @@ class ConformerEncoder(CompositeLayer):
             "chunk_frames": self.chunk_frames,
             "left_chunks": self.left_chunks,
             "dynamic_chunks": self.dynamic_chunks,
+            "final_norm": self.final_norm,
         }

@@ -62,7 +62,7 @@ from asrkit.data.records import check_shards, shard_files
 from asrkit.decoding.runner import decode_shards
 from asrkit.decoding.search import DecodeOptions
 from asrkit.errors import UserError
-from asrkit.experiment import CONFIG_FILE, adopt_assets, resolve_assets
+from asrkit.experiment import CONFIG_FILE, adopt_assets, check_resumable, resolve_assets
 from asrkit.features import normalizer_for
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import Tokenizer
@@ -210,6 +210,7 @@ def _open_run(config: ExperimentConfig, exp_dir: Path, strategy, log) -> _Run:
     save_dir = exp_dir if chief else exp_dir / f".worker-{worker}"
     save_dir.mkdir(parents=True, exist_ok=True)
     if chief:
+        check_resumable(config, exp_dir)
         recorded = adopt_assets(config, exp_dir)
         (exp_dir / CONFIG_FILE).write_text(f"# asrkit {__version__}\n" + dump_config(recorded))
         config = resolve_assets(recorded, exp_dir)

@@ -30,11 +30,11 @@ ENCODERS = {
     "lstm": EncoderConfig(kind="lstm", lstm_units=16, lstm_layers=1, subsampling_filters=8),
     "conformer, 1 chunk back": EncoderConfig(
         kind="conformer", d_model=16, num_blocks=2, num_heads=2, kernel_size=5,
-        subsampling_filters=8, dropout=0.0, chunk_frames=4, left_chunks=1,
+        subsampling_filters=8, dropout=0.0, chunk_frames=4, left_chunks=1, final_norm="encoder",
     ),
     "conformer, all back": EncoderConfig(
         kind="conformer", d_model=16, num_blocks=2, num_heads=2, kernel_size=5,
-        subsampling_filters=8, dropout=0.0, chunk_frames=8, left_chunks=-1,
+        subsampling_filters=8, dropout=0.0, chunk_frames=8, left_chunks=-1, final_norm="block",
     ),
 }  # fmt: skip
 

@@ -20,12 +20,12 @@ def test_chunk_mask_matches_the_rule(chunk, left):
             assert got[i, j] == (other <= own and (left < 0 or other >= own - left)), (q, k)
 
 
-@pytest.mark.parametrize("left", [1, -1])
-def test_a_frame_never_depends_on_later_chunks(left):
+@pytest.mark.parametrize(("left", "final_norm"), [(1, "none"), (-1, "block"), (2, "encoder")])
+def test_a_frame_never_depends_on_later_chunks(left, final_norm):
     keras.utils.set_random_seed(3)
     encoder = ConformerEncoder(d_model=16, num_blocks=2, num_heads=2, kernel_size=5,
                                dropout=0.0, subsampling_filters=8, chunk_frames=3,
-                               left_chunks=left)  # fmt: skip
+                               left_chunks=left, final_norm=final_norm)  # fmt: skip
     rng = np.random.default_rng(0)
     features = rng.standard_normal((1, 120, 80)).astype(np.float32)
     lengths = np.array([120])
@@ -40,7 +40,7 @@ def test_a_frame_never_depends_on_later_chunks(left):
         np.testing.assert_allclose(out[:, :boundary], base[:, :boundary], atol=1e-5)
         assert not np.allclose(out[:, boundary:frames], base[:, boundary:frames], atol=1e-3)
     full = ConformerEncoder(d_model=16, num_blocks=2, num_heads=2, kernel_size=5, dropout=0.0,
-                            subsampling_filters=8)  # fmt: skip
+                            subsampling_filters=8, final_norm=final_norm)  # fmt: skip
     full(features, lengths)
     full.set_weights(encoder.get_weights())  # same weights, full context: the past changes
     changed = features.copy()
@@ -81,3 +81,49 @@ def test_a_call_with_a_chunk_size_equals_an_encoder_built_with_it(chunk):
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
     default, _ = dynamic(features, lengths)  # the configured 4 frames
     assert chunk == 4 or not np.allclose(default.numpy(), got.numpy(), atol=1e-3)
+
+
+def _layer_norm(x, gamma, beta, epsilon):
+    mean = x.mean(-1, keepdims=True)
+    return gamma * (x - mean) / np.sqrt(x.var(-1, keepdims=True) + epsilon) + beta
+
+
+@pytest.mark.parametrize("final_norm", ["block", "encoder"])
+def test_the_final_norm_is_a_layer_norm_of_the_unnormalised_sum(final_norm):
+    """One block, same weights: with a final norm ("block": the block's own, "encoder":
+    after the blocks) the output is NumPy's LayerNorm of the "none" encoder's output on the
+    real frames, with the norm's (random) scale and offset; padded frames stay 0."""
+    keras.utils.set_random_seed(6)
+    kwargs = dict(d_model=16, num_blocks=1, num_heads=2, kernel_size=5, dropout=0.0,
+                  subsampling_filters=8)  # fmt: skip
+    bare, normed = (
+        ConformerEncoder(**kwargs, final_norm="none"),
+        ConformerEncoder(**kwargs, final_norm=final_norm),
+    )
+    rng = np.random.default_rng(2)
+    features = rng.standard_normal((2, 60, 80)).astype(np.float32)
+    lengths = np.array([60, 37])
+    raw, frames = bare(features, lengths)
+    normed(features, lengths)
+    norm = normed.blocks[0].out_norm if final_norm == "block" else normed.norm
+    assert (normed.norm is None) == (final_norm == "block")
+    assert all((b.out_norm is None) == (final_norm != "block") for b in normed.blocks)
+    gamma = rng.uniform(0.5, 1.5, 16).astype(np.float32)
+    beta = rng.normal(0, 0.3, 16).astype(np.float32)
+    norm.gamma.assign(gamma)
+    norm.beta.assign(beta)
+    for source, target in zip(bare.blocks[0].weights, normed.blocks[0].weights, strict=False):
+        target.assign(source)
+    normed.subsampling.set_weights(bare.subsampling.get_weights())
+    got, _ = normed(features, lengths)
+    raw, got, frames = raw.numpy(), got.numpy(), frames.numpy()
+    for b, n in enumerate(frames):
+        want = _layer_norm(raw[b, :n], gamma, beta, norm.epsilon)
+        np.testing.assert_allclose(got[b, :n], want, atol=1e-4)
+        assert not np.any(got[b, n:])
+    assert not np.allclose(got, raw, atol=1e-2)
+
+
+def test_final_norm_must_be_known():
+    with pytest.raises(ValueError, match="final_norm"):
+        ConformerEncoder(d_model=16, num_blocks=1, num_heads=2, final_norm="post")

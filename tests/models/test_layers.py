@@ -39,6 +39,14 @@ LAYERS = {
         lambda: ConformerEncoder(16, 2, 2, 5, 0.1, "layer", 8),
         lambda m: m(FEATS, FEAT_LENGTHS)[0],
     ),
+    "conformer_encoder_norm": (
+        lambda: ConformerEncoder(16, 2, 2, 5, 0.1, "layer", 8, final_norm="encoder"),
+        lambda m: m(FEATS, FEAT_LENGTHS)[0],
+    ),
+    "conformer_no_final_norm": (
+        lambda: ConformerEncoder(16, 2, 2, 5, 0.1, "layer", 8, final_norm="none"),
+        lambda m: m(FEATS, FEAT_LENGTHS)[0],
+    ),
     "lstm_encoder": (lambda: LSTMEncoder(16, 2, 0.1, 8), lambda m: m(FEATS, FEAT_LENGTHS)[0]),
     "predictor": (lambda: LSTMPredictor(10, 8, 16), lambda m: m(LABELS)),
     "stateless_predictor": (lambda: StatelessPredictor(10, 8, 16, 3), lambda m: m(LABELS)),

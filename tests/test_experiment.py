@@ -1,0 +1,32 @@
+"""Experiment directories across asrkit versions: a resume that would build another network
+than the one the checkpoints hold is refused before anything is written."""
+
+from asrkit.checkpoints import CheckpointManager, TrainState
+from asrkit.cli.main import main
+from asrkit.config import EncoderConfig, ExperimentConfig, ModelConfig, dump_config
+from asrkit.models.transducer import Transducer
+
+ENCODER = dict(kind="conformer", d_model=16, num_blocks=1, num_heads=2, kernel_size=5,
+               subsampling_filters=8, dropout=0.0)  # fmt: skip
+
+
+def test_resuming_an_experiment_trained_before_final_norm_names_the_key(tmp_path, capsys):
+    exp = tmp_path / "exp"
+    model = ModelConfig(encoder=EncoderConfig(**ENCODER, final_norm="block"), joint_dim=16)
+    recorded = dump_config(ExperimentConfig(model=model)).replace("    final_norm: block\n", "")
+    exp.mkdir()
+    (exp / "config.yaml").write_text(recorded)
+    network = Transducer(9, model)
+    network.build_from_features(80)
+    CheckpointManager(exp / "checkpoints", keep=1).save(network, TrainState(1, 0, 5))
+    before = (exp / "config.yaml").read_text()
+    sets = [x for key, value in ENCODER.items() for x in ("--set", f"model.encoder.{key}={value}")]
+    argv = ["train", "--exp-dir", str(exp), *sets, "--set", f"data.tokenizer={tmp_path}/tok"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.encoder.final_norm=block" in err[0], err
+    assert "this run asks for none" in err[0]
+    assert (exp / "config.yaml").read_text() == before  # nothing rewritten
+    # With the recorded value the check passes: the next error is the missing tokenizer.
+    assert main([*argv, "--set", "model.encoder.final_norm=block"]) == 2
+    assert "tok/tokenizer.model missing" in capsys.readouterr().err
