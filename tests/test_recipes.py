@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_MODEL = [
-    "model.encoder.lstm_units=16", "model.encoder.lstm_layers=1",
-    "model.encoder.subsampling_filters=8", "model.predictor.units=16",
-    "model.predictor.embed_dim=8", "model.joint_dim=16", "train.epochs=2",
-    "data.batch_seconds=10", "train.checkpoint_every=1",
+TINY_MODEL = [  # the demo's Conformer, shrunk
+    "model.encoder.d_model=16", "model.encoder.num_blocks=1", "model.encoder.num_heads=2",
+    "model.encoder.kernel_size=3", "model.encoder.subsampling_filters=8",
+    "model.predictor.units=16", "model.predictor.embed_dim=8", "model.joint_dim=16",
+    "train.epochs=2", "data.batch_seconds=10", "train.checkpoint_every=1",
 ]  # fmt: skip
 
 

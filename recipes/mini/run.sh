@@ -18,7 +18,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-stage=0; stop_stage=6; work=exp/mini; preset=mini; config="$here/conf/lstm_cpu.yaml"; seed=0
+stage=0; stop_stage=6; work=exp/mini; preset=mini; config="$here/conf/conformer_cpu.yaml"; seed=0
 sets=()
 while (( $# )); do
   case "$1" in
