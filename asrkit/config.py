@@ -63,6 +63,7 @@ NORMALIZERS = ("tokens", "utterances")
 LOSSES = ("full", "pruned")
 PREDICTORS = ("lstm", "stateless")
 FINAL_NORMS = ("block", "encoder", "none")  # see model.encoder.final_norm
+CONV_CONTEXTS = ("causal", "chunk")  # see model.encoder.conv_context
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,11 @@ class EncoderConfig:
     # phase for most of its training (recipes/mini/README.md). Experiments recorded before
     # this key existed keep "block" (LEGACY_DEFAULTS).
     final_norm: str = "none"
+    # Streaming Conformer: what its convolution module sees — "causal" (the kernel_size - 1
+    # frames before) or "chunk" (the centred kernel up to the end of the frame's chunk: no
+    # latency beyond the chunk's, which attention waits for anyway). Experiments recorded
+    # before this key existed keep "causal".
+    conv_context: str = "chunk"
 
     def __post_init__(self):
         if self.kind not in ENCODERS:
@@ -113,6 +119,11 @@ class EncoderConfig:
         if self.final_norm not in FINAL_NORMS:
             raise ValueError(
                 f"model.encoder.final_norm must be one of {FINAL_NORMS}, got {self.final_norm!r}"
+            )
+        if self.conv_context not in CONV_CONTEXTS:
+            raise ValueError(
+                f"model.encoder.conv_context must be one of {CONV_CONTEXTS}, got "
+                f"{self.conv_context!r}"
             )
         if self.dynamic_chunks < 0 or (self.dynamic_chunks and not self.chunk_frames):
             raise ValueError(
@@ -293,7 +304,18 @@ MOVED_KEYS = {"train.max_symbols_per_step": "decode.max_symbols_per_step"}
 # Keys added with a default that changes what an older config meant: a recorded experiment
 # config without them (asrkit train wrote it before they existed) keeps the old value, so
 # the network it builds is still the one its checkpoints hold.
-LEGACY_DEFAULTS = {"model.encoder.final_norm": "block"}
+LEGACY_DEFAULTS = {"model.encoder.final_norm": "block", "model.encoder.conv_context": "causal"}
+
+
+def legacy_key_matters(config: ExperimentConfig, key: str) -> bool:
+    """Whether a LEGACY_DEFAULTS key changes the network `config` builds (a resume checks
+    only those)."""
+    encoder = config.model.encoder
+    if key == "model.encoder.conv_context":
+        return encoder.kind == "conformer" and bool(encoder.chunk_frames or encoder.dynamic_chunks)
+    return encoder.kind == "conformer"
+
+
 REMOVED_KEYS = {
     "data.shuffle_buffer": "epochs are shuffled whole from an index of the shards (0.3), "
     "there is no buffer to size",

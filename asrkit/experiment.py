@@ -30,7 +30,7 @@ from asrkit.checkpoints import (
     list_checkpoints,
     restore,
 )
-from asrkit.config import LEGACY_DEFAULTS, ExperimentConfig, load_config
+from asrkit.config import LEGACY_DEFAULTS, ExperimentConfig, legacy_key_matters, load_config
 from asrkit.errors import InputError, UserError
 from asrkit.features import GlobalNormalizer, normalizer_for
 from asrkit.models.transducer import Transducer
@@ -82,7 +82,7 @@ def check_resumable(config: ExperimentConfig, exp_dir: str | os.PathLike) -> Non
     recorded = load_config(exp_dir / CONFIG_FILE, recorded=True)
     for key in LEGACY_DEFAULTS:
         was, now = _config_value(recorded, key), _config_value(config, key)
-        if was != now:
+        if was != now and legacy_key_matters(recorded, key):
             raise ExperimentError(
                 f"{exp_dir}: its checkpoints were trained with {key}={was}, this run asks "
                 f"for {now}; resume with --set {key}={was}, or train into a new --exp-dir "

@@ -28,7 +28,7 @@ import math
 import keras
 import tensorflow as tf
 
-from asrkit.config import FINAL_NORMS
+from asrkit.config import CONV_CONTEXTS, FINAL_NORMS
 from asrkit.models.layers import (
     CompositeLayer,
     block_seeds,
@@ -158,17 +158,27 @@ class FeedForward(CompositeLayer):
 
 @keras.saving.register_keras_serializable(package="asrkit")
 class ConvolutionModule(CompositeLayer):
+    """Pre-norm, pointwise + GLU, depthwise convolution over time, norm, swish, pointwise.
+
+    The depthwise convolution sees `kernel_size` frames centred on each frame, unless
+    `causal` (the `kernel_size - 1` frames before and the frame itself) or `chunked` (the
+    centred frames up to the end of the frame's chunk: the chunk's own look-ahead, which a
+    streaming encoder waits for anyway, and never a later chunk; `call` takes the chunk size).
+    """
+
     def __init__(
         self, d_model: int, kernel_size: int = 15, norm: str = "layer", dropout=0.0,
-        causal: bool = False, **kwargs,
+        causal: bool = False, chunked: bool = False, **kwargs,
     ):  # fmt: skip
         super().__init__(**kwargs)
         if norm not in ("layer", "batch"):
             raise ValueError(f"norm must be 'layer' or 'batch', got {norm!r}")
+        if causal and chunked:
+            raise ValueError("a convolution module is causal or chunked, not both")
         self.d_model, self.kernel_size, self.norm_type, self.dropout = (
             d_model, kernel_size, norm, dropout,
         )  # fmt: skip
-        self.causal = causal
+        self.causal, self.chunked = causal, chunked
         self.pre_norm = keras.layers.LayerNormalization()
         self.pointwise_in = keras.layers.Dense(2 * d_model)
         # Causal: the kernel_size - 1 frames before are padded by hand (same weights).
@@ -182,21 +192,54 @@ class ConvolutionModule(CompositeLayer):
         )
         self.pointwise_out = keras.layers.Dense(d_model)
 
-    def call(self, x, lengths, training=False, seed=None):
+    @property
+    def _left(self) -> int:
+        """Frames before a frame the centred ("same") convolution sees."""
+        return (self.kernel_size - 1) // 2
+
+    @property
+    def tail_frames(self) -> int:
+        """Gated frames a stream keeps from one piece for the next."""
+        return self.kernel_size - 1 if self.causal else self._left
+
+    def call(self, x, lengths, training=False, seed=None, chunk=None):
+        """x [B, T, D] -> [B, T, D]; `chunk`: frames per chunk (a chunked module only)."""
         h = zero_padding(self._gated(x), lengths)
         if self.causal:
             h = tf.pad(h, [[0, 0], [self.kernel_size - 1, 0], [0, 0]])
-        return self._finish(self.depthwise(h), training, seed)
+        out = self.depthwise(h)
+        if self.chunked:
+            out -= self._beyond_chunk(h, chunk)
+        return self._finish(out, training, seed)
 
-    def stream(self, x, tail):
-        """Causal only: the next frames x [B, n, D] after the previous kernel_size - 1
-        frames' gated inputs `tail` -> (out [B, n, D], the new tail). Inference only."""
-        h = tf.concat([tail, self._gated(x)], axis=1)
-        new_tail = h[:, tf.shape(h)[1] - (self.kernel_size - 1) :]
+    def stream(self, x, tail, chunk=None):
+        """Causal or chunked: the next frames x [B, n, D] after the previous `tail_frames`
+        frames' gated inputs `tail` -> (out [B, n, D], the new tail). Chunked: x starts at
+        a chunk's first frame and holds whole chunks (or the stream's last, partial one).
+        Inference only."""
+        new = self._gated(x)
+        h = tf.concat([tail, new], axis=1)
+        new_tail = h[:, tf.shape(h)[1] - self.tail_frames :]
         # One zero frame after: a piece of no frames still convolves (its output is cut).
         padded = tf.pad(h, [[0, 0], [0, 1], [0, 0]])
-        out = self.depthwise(padded)[:, : tf.shape(x)[1]]
+        start = 0 if self.causal else self._left  # "same": outputs aligned with h's frames
+        out = self.depthwise(padded)[:, start : start + tf.shape(x)[1]]
+        if self.chunked:
+            out -= self._beyond_chunk(new, chunk)
         return self._finish(out, False, None), new_tail
+
+    def _beyond_chunk(self, h, chunk):
+        """What the centred convolution of h [B, T, D] (chunks starting at frame 0) took
+        from frames past each output frame's chunk: the taps to subtract."""
+        frames = tf.shape(h)[1]
+        within = tf.range(frames) % tf.cast(chunk, tf.int32)  # each frame's place in its chunk
+        kernel = tf.cast(self.depthwise.kernel, h.dtype)  # [kernel_size, D, 1]
+        removed = tf.zeros_like(h)
+        for ahead in range(1, self.kernel_size - self._left):
+            later = tf.pad(h, [[0, 0], [0, ahead], [0, 0]])[:, ahead : ahead + frames]
+            past_end = tf.cast(within + ahead >= chunk, h.dtype)[None, :, None]
+            removed += later * kernel[self._left + ahead, :, 0] * past_end
+        return removed
 
     def _gated(self, x):
         h = self.pointwise_in(self.pre_norm(x))
@@ -214,6 +257,7 @@ class ConvolutionModule(CompositeLayer):
             "norm": self.norm_type,
             "dropout": self.dropout,
             "causal": self.causal,
+            "chunked": self.chunked,
         }
 
 
@@ -228,22 +272,27 @@ class ConformerBlock(CompositeLayer):
         conv_norm: str = "layer",
         causal: bool = False,
         out_norm: bool = True,
+        chunked: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.d_model, self.num_heads, self.kernel_size = d_model, num_heads, kernel_size
         self.dropout, self.conv_norm, self.causal = dropout, conv_norm, causal
+        self.chunked = chunked
         self.ff1 = FeedForward(d_model, dropout=dropout)
         self.attn_norm = keras.layers.LayerNormalization()
         self.attention = RotarySelfAttention(d_model, num_heads, dropout)
-        self.conv = ConvolutionModule(d_model, kernel_size, conv_norm, dropout, causal)
+        self.conv = ConvolutionModule(
+            d_model, kernel_size, conv_norm, dropout, causal=causal, chunked=chunked
+        )
         self.ff2 = FeedForward(d_model, dropout=dropout)
         # The Conformer paper's LayerNorm at the end of every block (see ConformerEncoder).
         self.out_norm = keras.layers.LayerNormalization() if out_norm else None
 
-    def call(self, x, lengths, training=False, seed=None, allowed=None):
+    def call(self, x, lengths, training=False, seed=None, allowed=None, chunk=None):
         """x [B, T, D] -> [B, T, D]; every dropout mask is drawn from `seed` [2], so the
-        block can be recomputed exactly in the backward pass; `allowed` [T, T]: chunks."""
+        block can be recomputed exactly in the backward pass; `allowed` [T, T]: chunks;
+        `chunk`: frames per chunk (a chunked convolution's bound)."""
         seed = _seed(seed)
 
         def part(k):
@@ -255,14 +304,14 @@ class ConformerBlock(CompositeLayer):
             self.attn_norm(x), mask, training=training, seed=part(2), allowed=allowed
         )
         x = x + seeded_dropout(attended, self.dropout, seed, 3, training)
-        x = x + self.conv(x, lengths, training=training, seed=part(4))
+        x = x + self.conv(x, lengths, training=training, seed=part(4), chunk=chunk)
         x = x + 0.5 * self.ff2(x, training=training, seed=part(5))
         return zero_padding(self._out(x), lengths)
 
     def _out(self, x):
         return x if self.out_norm is None else self.out_norm(x)
 
-    def stream(self, x, state, offset, allowed):
+    def stream(self, x, state, offset, allowed, chunk=None):
         """The next frames of one stream (see `ConformerEncoder.stream`): state = (keys,
         values, convolution tail) -> (out, the state with these frames appended)."""
         keys, values, tail = state
@@ -271,7 +320,7 @@ class ConformerBlock(CompositeLayer):
             self.attn_norm(x), keys, values, offset, allowed
         )
         x = x + attended
-        convolved, tail = self.conv.stream(x, tail)
+        convolved, tail = self.conv.stream(x, tail, chunk)
         x = x + convolved
         x = x + 0.5 * self.ff2(x)
         return self._out(x), (keys, values, tail)
@@ -286,6 +335,7 @@ class ConformerBlock(CompositeLayer):
             "conv_norm": self.conv_norm,
             "causal": self.causal,
             "out_norm": self.out_norm is not None,
+            "chunked": self.chunked,
         }
 
 
@@ -307,22 +357,30 @@ class ConformerEncoder(CompositeLayer):
         left_chunks: int = -1,
         dynamic_chunks: int = 0,
         final_norm: str = "block",
+        conv_context: str = "causal",
         **kwargs,
     ):
         super().__init__(**kwargs)
         if final_norm not in FINAL_NORMS:
             raise ValueError(f"final_norm must be one of {FINAL_NORMS}, got {final_norm!r}")
+        if conv_context not in CONV_CONTEXTS:
+            raise ValueError(f"conv_context must be one of {CONV_CONTEXTS}, got {conv_context!r}")
         self.d_model, self.num_blocks, self.num_heads = d_model, num_blocks, num_heads
         self.kernel_size, self.dropout, self.conv_norm = kernel_size, dropout, conv_norm
         self.subsampling_filters, self.recompute = subsampling_filters, recompute
         self.chunk_frames, self.left_chunks = chunk_frames, left_chunks
         self.dynamic_chunks, self.final_norm = dynamic_chunks, final_norm
+        self.conv_context = conv_context
         self.subsampling = ConvSubsampling(subsampling_filters, d_model)
         self.seeds = keras.random.SeedGenerator()
-        causal = chunk_frames > 0 or dynamic_chunks > 0
+        chunked = chunk_frames > 0 or dynamic_chunks > 0
+        causal = chunked and conv_context == "causal"
+        chunked = chunked and conv_context == "chunk"
         per_block = final_norm == "block"
         self.blocks = [
-            ConformerBlock(d_model, num_heads, kernel_size, dropout, conv_norm, causal, per_block)
+            ConformerBlock(
+                d_model, num_heads, kernel_size, dropout, conv_norm, causal, per_block, chunked
+            )
             for _ in range(num_blocks)
         ]
         self.norm = keras.layers.LayerNormalization() if final_norm == "encoder" else None
@@ -335,14 +393,15 @@ class ConformerEncoder(CompositeLayer):
         """`chunk_frames`: a scalar tensor that replaces the configured chunk size for this
         call (0: full context) — dynamic chunk training draws one per update."""
         x, lengths = self.subsampling(features, feature_lengths)
-        allowed = None
+        allowed = chunk = None
         positions = tf.range(tf.shape(x)[1])
         if chunk_frames is not None:
             chunk = tf.cast(chunk_frames, tf.int32)
             chunk = tf.where(chunk > 0, chunk, tf.maximum(tf.shape(x)[1], 1))  # 0: one chunk
             allowed = chunk_mask(positions, positions, chunk, self.left_chunks)
         elif self.chunk_frames:
-            allowed = chunk_mask(positions, positions, self.chunk_frames, self.left_chunks)
+            chunk = self.chunk_frames
+            allowed = chunk_mask(positions, positions, chunk, self.left_chunks)
         # Drawn here, outside any recomputed block, so a recomputation replays the masks.
         seed = block_seeds(self.seeds, training and self.dropout > 0)
         x = seeded_dropout(x, self.dropout, seed, 0, training)
@@ -350,7 +409,9 @@ class ConformerEncoder(CompositeLayer):
             block_seed = tf.random.experimental.stateless_fold_in(seed, index + 1)
 
             def run(x, block=block, block_seed=block_seed):
-                return block(x, lengths, training=training, seed=block_seed, allowed=allowed)
+                return block(
+                    x, lengths, training=training, seed=block_seed, allowed=allowed, chunk=chunk
+                )
 
             x = maybe_recomputed(run, self.recompute and training)(x)
         return zero_padding(self._out(x), lengths), lengths
@@ -367,7 +428,8 @@ class ConformerEncoder(CompositeLayer):
         block's (keys, values, convolution tail))."""
         head_dim = self.d_model // self.num_heads
         empty = tf.zeros([batch_size, 0, self.num_heads, head_dim], self.compute_dtype)
-        tail = tf.zeros([batch_size, self.kernel_size - 1, self.d_model], self.compute_dtype)
+        tail_frames = self.blocks[0].conv.tail_frames
+        tail = tf.zeros([batch_size, tail_frames, self.d_model], self.compute_dtype)
         pending = tf.zeros([batch_size, 0, self.d_model], self.compute_dtype)
         blocks = [(empty, empty, tail) for _ in self.blocks]
         return (pending, tf.constant(0, tf.int32), blocks)
@@ -396,7 +458,7 @@ class ConformerEncoder(CompositeLayer):
         allowed = chunk_mask(positions, keys_at, self.chunk_frames, self.left_chunks)
         kept = []
         for block, state in zip(self.blocks, blocks, strict=True):
-            x, (keys, values, tail) = block.stream(x, state, offset, allowed)
+            x, (keys, values, tail) = block.stream(x, state, offset, allowed, self.chunk_frames)
             if self.left_chunks >= 0:  # only the chunks the next chunk may attend to
                 start = tf.maximum(tf.shape(keys)[1] - self.left_chunks * self.chunk_frames, 0)
                 keys, values = keys[:, start:], values[:, start:]
@@ -418,4 +480,5 @@ class ConformerEncoder(CompositeLayer):
             "left_chunks": self.left_chunks,
             "dynamic_chunks": self.dynamic_chunks,
             "final_norm": self.final_norm,
+            "conv_context": self.conv_context,
         }

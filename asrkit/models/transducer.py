@@ -30,7 +30,8 @@ def build_encoder(config: EncoderConfig):
         config.d_model, config.num_blocks, config.num_heads, config.kernel_size, config.dropout,
         config.conv_norm, config.subsampling_filters, recompute=config.recompute,
         chunk_frames=config.chunk_frames, left_chunks=config.left_chunks,
-        dynamic_chunks=config.dynamic_chunks, final_norm=config.final_norm, name="encoder",
+        dynamic_chunks=config.dynamic_chunks, final_norm=config.final_norm,
+        conv_context=config.conv_context, name="encoder",
     )  # fmt: skip
 
 

@@ -35,6 +35,7 @@ ENCODERS = {
     "conformer, all back": EncoderConfig(
         kind="conformer", d_model=16, num_blocks=2, num_heads=2, kernel_size=5,
         subsampling_filters=8, dropout=0.0, chunk_frames=8, left_chunks=-1, final_norm="block",
+        conv_context="causal",
     ),
 }  # fmt: skip
 

@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.models.conformer import ConformerEncoder, chunk_mask, dynamic_chunk_frames
+from asrkit.models.conformer import (
+    ConformerEncoder,
+    ConvolutionModule,
+    chunk_mask,
+    dynamic_chunk_frames,
+)
 
 
 @pytest.mark.parametrize(("chunk", "left"), [(1, 0), (3, 1), (4, -1), (2, 3)])
@@ -20,12 +25,21 @@ def test_chunk_mask_matches_the_rule(chunk, left):
             assert got[i, j] == (other <= own and (left < 0 or other >= own - left)), (q, k)
 
 
-@pytest.mark.parametrize(("left", "final_norm"), [(1, "none"), (-1, "block"), (2, "encoder")])
-def test_a_frame_never_depends_on_later_chunks(left, final_norm):
+@pytest.mark.parametrize(
+    ("left", "final_norm", "conv"),
+    [
+        (1, "none", "chunk"),
+        (-1, "block", "causal"),
+        (2, "encoder", "chunk"),
+        (-1, "none", "causal"),
+    ],
+)
+def test_a_frame_never_depends_on_later_chunks(left, final_norm, conv):
     keras.utils.set_random_seed(3)
     encoder = ConformerEncoder(d_model=16, num_blocks=2, num_heads=2, kernel_size=5,
                                dropout=0.0, subsampling_filters=8, chunk_frames=3,
-                               left_chunks=left, final_norm=final_norm)  # fmt: skip
+                               left_chunks=left, final_norm=final_norm,
+                               conv_context=conv)  # fmt: skip
     rng = np.random.default_rng(0)
     features = rng.standard_normal((1, 120, 80)).astype(np.float32)
     lengths = np.array([120])
@@ -61,14 +75,15 @@ def test_dynamic_chunks_are_a_function_of_the_update_half_of_them_full_context()
     assert [int(compiled(tf.constant(u, tf.int64))) for u in (5, 6, 7)] == list(draws[5:8])
 
 
+@pytest.mark.parametrize("conv", ["causal", "chunk"])
 @pytest.mark.parametrize("chunk", [1, 3, 0])
-def test_a_call_with_a_chunk_size_equals_an_encoder_built_with_it(chunk):
+def test_a_call_with_a_chunk_size_equals_an_encoder_built_with_it(chunk, conv):
     """Dynamic chunk training's per-call chunk (a tensor) = the same weights configured
-    with that chunk (0: full context = one chunk longer than any utterance); the
-    convolution stays causal either way."""
+    with that chunk (0: full context = one chunk longer than any utterance); a causal
+    convolution stays causal either way, a chunked one follows the chunk."""
     keras.utils.set_random_seed(4)
     kwargs = dict(d_model=16, num_blocks=2, num_heads=2, kernel_size=5, dropout=0.0,
-                  subsampling_filters=8)  # fmt: skip
+                  subsampling_filters=8, conv_context=conv)  # fmt: skip
     dynamic = ConformerEncoder(**kwargs, chunk_frames=4, dynamic_chunks=8)
     fixed = ConformerEncoder(**kwargs, chunk_frames=chunk or 10_000)
     rng = np.random.default_rng(1)
@@ -127,3 +142,52 @@ def test_the_final_norm_is_a_layer_norm_of_the_unnormalised_sum(final_norm):
 def test_final_norm_must_be_known():
     with pytest.raises(ValueError, match="final_norm"):
         ConformerEncoder(d_model=16, num_blocks=1, num_heads=2, final_norm="post")
+
+
+def _numpy_chunked_depthwise(h, kernel, bias, chunk):
+    """The centred depthwise convolution, tap by tap, leaving out frames past each output
+    frame's chunk (and outside the utterance)."""
+    batch, frames, _ = h.shape
+    size = kernel.shape[0]
+    left = (size - 1) // 2
+    out = np.tile(bias, (batch, frames, 1)).astype(np.float64)
+    for t in range(frames):
+        end = (t // chunk + 1) * chunk  # first frame of the next chunk
+        for i in range(size):
+            s = t + i - left
+            if 0 <= s < frames and s < end:
+                out[:, t] += h[:, s] * kernel[i, :, 0]
+    return out
+
+
+@pytest.mark.parametrize(("size", "chunk"), [(5, 3), (7, 4), (4, 2), (15, 8), (5, 1)])
+def test_the_chunked_convolution_sees_its_kernel_up_to_its_chunks_end(size, chunk):
+    keras.utils.set_random_seed(7)
+    rng = np.random.default_rng(size)
+    x = rng.standard_normal((2, 19, 8)).astype(np.float32)
+    lengths = np.array([19, 13])
+    module = ConvolutionModule(8, size, chunked=True)
+    module(x, lengths, chunk=chunk)  # builds it
+    module.depthwise.bias.assign(rng.standard_normal(8).astype(np.float32))
+    got = module(x, lengths, chunk=chunk).numpy()
+    h = module._gated(x).numpy() * (np.arange(19)[None, :, None] < lengths[:, None, None])
+    kernel, bias = module.depthwise.kernel.numpy(), module.depthwise.bias.numpy()
+    depthwise = _numpy_chunked_depthwise(h, kernel, bias, chunk).astype(np.float32)
+    want = module._finish(tf.constant(depthwise), False, None).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # A chunk longer than the utterance: the plain centred convolution, same weights.
+    plain = ConvolutionModule(8, size)
+    plain(x, lengths)
+    plain.set_weights(module.get_weights())
+    np.testing.assert_allclose(
+        module(x, lengths, chunk=100).numpy(), plain(x, lengths).numpy(), atol=1e-5
+    )
+    if size > 2 and chunk < 19:
+        assert not np.allclose(got, plain(x, lengths).numpy(), atol=1e-3)
+
+
+def test_a_module_is_causal_or_chunked():
+    with pytest.raises(ValueError, match="causal or chunked"):
+        ConvolutionModule(8, 5, causal=True, chunked=True)
+    with pytest.raises(ValueError, match="conv_context"):
+        ConformerEncoder(d_model=16, num_blocks=1, num_heads=2, conv_context="future")
