@@ -1,7 +1,7 @@
 """Parameters and training step time of the transducer configurations.
 
 Builds each recipe's model (recipes/librispeech/conf/conformer_{s,m}.yaml with the recipe's
-1024-piece vocabulary, recipes/mini/conf/lstm_cpu.yaml with 64 pieces), then times
+1024-piece vocabulary, the mini recipe's Conformer and LSTM with 64 pieces), then times
 forward + backward + update of one micro-batch (median of 3 after a warm-up) through the
 accumulation engine, float32, on whatever device TensorFlow picks.
 
@@ -37,6 +37,7 @@ def main() -> None:
     models = {
         "conformer_s": (load_config(recipes / "librispeech/conf/conformer_s.yaml").model, 1024),
         "conformer_m": (load_config(recipes / "librispeech/conf/conformer_m.yaml").model, 1024),
+        "mini_conformer": (load_config(recipes / "mini/conf/conformer_cpu.yaml").model, 64),
         "mini_lstm": (load_config(recipes / "mini/conf/lstm_cpu.yaml").model, 64),
     }
     frames = int(args.seconds * 100)
