@@ -11,9 +11,10 @@ Streaming (`chunk_frames` > 0, WeNet's chunk masks): encoder frames are grouped 
 chunks before it (-1: all before), and the convolution module sees its centred kernel up to
 the end of the frame's chunk (`conv_context="chunk"`) or only the `kernel_size - 1` frames
 before (`"causal"`, which trained far slower on the mini corpus). The subsampling needs 6
-feature frames (60 ms) past the first of its 4. Then an utterance can be encoded chunk by chunk (`stream`, `finish_stream`)
-with each block's keys/values of the history and its convolution's last inputs kept as
-state, and the result is the same as one call on the whole utterance.
+feature frames (60 ms) past the first of its 4. Then an utterance can be encoded chunk by
+chunk (`stream`, `finish_stream`) with each block's keys/values of the history and its
+convolution's last inputs kept as state, and the result is the same as one call on the
+whole utterance.
 
 Padding never leaks: attention masks padded keys, and padded frames are zeroed before every
 convolution, so an utterance's encoder output is the same alone or batched with longer ones.
