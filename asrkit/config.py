@@ -299,8 +299,6 @@ class ExperimentConfig:
 
 # Keys that moved between sections: a config naming the old place gets told the new one.
 MOVED_KEYS = {"train.max_symbols_per_step": "decode.max_symbols_per_step"}
-# Keys that no longer mean anything: accepted (experiments made before keep loading) and
-# ignored, with a warning saying why.
 # Keys added with a default that changes what an older config meant: a recorded experiment
 # config without them (asrkit train wrote it before they existed) keeps the old value, so
 # the network it builds is still the one its checkpoints hold.
@@ -316,6 +314,8 @@ def legacy_key_matters(config: ExperimentConfig, key: str) -> bool:
     return encoder.kind == "conformer"
 
 
+# Keys that no longer mean anything: accepted (experiments made before keep loading) and
+# ignored, with a warning saying why.
 REMOVED_KEYS = {
     "data.shuffle_buffer": "epochs are shuffled whole from an index of the shards (0.3), "
     "there is no buffer to size",
