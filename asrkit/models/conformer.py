@@ -205,12 +205,13 @@ class ConvolutionModule(CompositeLayer):
         return self.kernel_size - 1 if self.causal else self._left
 
     def call(self, x, lengths, training=False, seed=None, chunk=None):
-        """x [B, T, D] -> [B, T, D]; `chunk`: frames per chunk (a chunked module only)."""
+        """x [B, T, D] -> [B, T, D]; `chunk`: frames per chunk (a chunked module only; None:
+        the whole utterance is one chunk — a dynamic-chunk model run at full context)."""
         h = zero_padding(self._gated(x), lengths)
         if self.causal:
             h = tf.pad(h, [[0, 0], [self.kernel_size - 1, 0], [0, 0]])
         out = self.depthwise(h)
-        if self.chunked:
+        if self.chunked and chunk is not None:  # None: the utterance is one chunk
             out -= self._beyond_chunk(h, chunk)
         return self._finish(out, training, seed)
 
