@@ -392,6 +392,7 @@ def test_verify_accumulation_mixed_float16(workdir):
     assert 0 < report.norm_relative_difference < 1e-2
 
 
+@pytest.mark.slow  # ~30-40 s: the longest of make test; the fine-tune loading is also tested fast
 def test_fine_tune_with_a_new_vocabulary_and_a_frozen_encoder(workdir, uninterrupted):
     texts = [u.text for u in read_manifest(workdir / "data" / "train-clean-100.jsonl")]
     tok = train_tokenizer(texts * 3, workdir / "tokenizer2", 40, "unigram")
