@@ -237,9 +237,11 @@ class ConvolutionModule(CompositeLayer):
         frames = tf.shape(h)[1]
         within = tf.range(frames) % tf.cast(chunk, tf.int32)  # each frame's place in its chunk
         kernel = tf.cast(self.depthwise.kernel, h.dtype)  # [kernel_size, D, 1]
+        right = self.kernel_size - 1 - self._left  # frames after a frame the kernel sees
+        padded = tf.pad(h, [[0, 0], [0, right], [0, 0]])
         removed = tf.zeros_like(h)
-        for ahead in range(1, self.kernel_size - self._left):
-            later = tf.pad(h, [[0, 0], [0, ahead], [0, 0]])[:, ahead : ahead + frames]
+        for ahead in range(1, right + 1):
+            later = padded[:, ahead : ahead + frames]
             past_end = tf.cast(within + ahead >= chunk, h.dtype)[None, :, None]
             removed += later * kernel[self._left + ahead, :, 0] * past_end
         return removed
@@ -376,9 +378,9 @@ class ConformerEncoder(CompositeLayer):
         self.conv_context = conv_context
         self.subsampling = ConvSubsampling(subsampling_filters, d_model)
         self.seeds = keras.random.SeedGenerator()
-        chunked = chunk_frames > 0 or dynamic_chunks > 0
-        causal = chunked and conv_context == "causal"
-        chunked = chunked and conv_context == "chunk"
+        streaming = chunk_frames > 0 or dynamic_chunks > 0
+        causal = streaming and conv_context == "causal"
+        chunked = streaming and conv_context == "chunk"
         per_block = final_norm == "block"
         self.blocks = [
             ConformerBlock(
