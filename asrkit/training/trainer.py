@@ -187,6 +187,7 @@ def train(
         task = _build(run, data, strategy)
         state = _restore_or_init(task, run, init_from)
         state = _check_data_plan(state, data, run.log, new_epoch_order)
+        _record_config(run)  # only now: a refused resume leaves the experiment as it was
         with _stop_on_signals(run.log) as stop:
             result = _run_epochs(task, run, data, state, stop)
         if not run.chief:
@@ -195,7 +196,8 @@ def train(
 
 
 class _Run(NamedTuple):
-    config: ExperimentConfig  # as the experiment records it (assets inside it)
+    config: ExperimentConfig  # the recorded config's assets resolved inside exp_dir
+    recorded: ExperimentConfig  # as config.yaml records it (assets relative to exp_dir)
     exp_dir: Path
     save_dir: Path  # where this process writes checkpoints
     chief: bool
@@ -209,15 +211,23 @@ def _open_run(config: ExperimentConfig, exp_dir: Path, strategy, log) -> _Run:
     # they are kept; the others write to a scratch directory and log nothing.
     save_dir = exp_dir if chief else exp_dir / f".worker-{worker}"
     save_dir.mkdir(parents=True, exist_ok=True)
+    recorded = config
     if chief:
         check_resumable(config, exp_dir)
         recorded = adopt_assets(config, exp_dir)
-        (exp_dir / CONFIG_FILE).write_text(f"# asrkit {__version__}\n" + dump_config(recorded))
         config = resolve_assets(recorded, exp_dir)
     else:
         log = _silent
     tokenizer = Tokenizer.load(config.data.tokenizer)
-    return _Run(config, exp_dir, save_dir, chief, tokenizer, log)
+    return _Run(config, recorded, exp_dir, save_dir, chief, tokenizer, log)
+
+
+def _record_config(run: _Run) -> None:
+    """config.yaml, written once the checkpoint (if any) and the data plan accepted this
+    run's config: a resume refused for another architecture or data plan keeps the record."""
+    if run.chief:
+        text = f"# asrkit {__version__}\n" + dump_config(run.recorded)
+        (run.exp_dir / CONFIG_FILE).write_text(text)
 
 
 def _build(run: _Run, data: _TrainingData, strategy) -> TransducerTask:

@@ -176,8 +176,10 @@ def test_resuming_with_another_data_plan_is_refused_then_restarted_on_request(
     cwd = os.getcwd()
     os.chdir(workdir)
     try:
+        before = (exp / "config.yaml").read_text()
         with pytest.raises(DataPlanChanged) as refused:
             train(changed, exp, log=lambda *_: None)
+        assert (exp / "config.yaml").read_text() == before  # the refused run recorded nothing
         lines = []
         result = train(changed, exp, log=lines.append, new_epoch_order=True)
     finally:
@@ -190,6 +192,26 @@ def test_resuming_with_another_data_plan_is_refused_then_restarted_on_request(
     assert result.state.epoch == 3 and result.state.updates > recorded["updates"]
     final = json.loads((CheckpointManager(exp / "checkpoints").latest() / "state.json").read_text())
     assert final["data_plan"]["seed"] == 4
+
+
+def test_a_resume_its_checkpoint_refuses_leaves_the_recorded_config(workdir, uninterrupted):
+    """Another architecture than the checkpoints': refused (exit 2, one line naming the
+    checkpoint) before config.yaml is rewritten, so the experiment still decodes as before."""
+    from asrkit.cli.main import main
+
+    exp = workdir / "exp_arch"
+    shutil.copytree(workdir / "exp_a", exp)
+    before = (exp / "config.yaml").read_text()
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        code = main(["train", "--config", "conf.yaml", "--exp-dir", str(exp),
+                     "--set", "model.encoder.lstm_units=32"])  # fmt: skip
+    finally:
+        os.chdir(cwd)
+    assert code == 2
+    assert (exp / "config.yaml").read_text() == before
+    assert "lstm_units: 24" in before
 
 
 def _start_training(workdir, exp, **popen):
