@@ -2,17 +2,19 @@
 blocks, and the pruned RNN-T loss (band fused or not, with or without recomputation).
 
 For the Conformer-S shape (`recipes/librispeech/conf/conformer_s.yaml`), one micro-batch of
-B utterances x S seconds with U labels, and each vocabulary size: the extra peak process
-memory of one training step (VmHWM during the step minus the resident size before it,
-after a warm-up step; a fresh subprocess per configuration, oneDNN's caching allocator off
-so freed memory is visible) and its time (median of the timed steps), side by side.
+B utterances x S seconds with U labels, and each vocabulary size: the extra peak tensor
+memory of one training step and its time (median of the timed steps), side by side. Memory
+is TensorFlow's own count: the CPU allocator switched to the BFC allocator GPUs use
+(TF_CPU_ALLOCATOR_USE_BFC), its peak during the timed steps minus what was allocated before
+them (after a warm-up step; a fresh subprocess per configuration, oneDNN off). Unlike the
+process' VmHWM it has no malloc or thread-arena noise: it repeats to the byte.
 With the `encoder` mode (the same step with the encoder's frames' mean square as the whole
 loss: no predictor, joint or transducer loss), a second table gives each mode's joint +
 loss part: its memory and time minus the encoder's, and the ratios fused / pruned.
 
     python tools/bench_joint.py [--batch 2] [--seconds 20] [--labels 80] [--vocab 64,1024,5000]
         [--modes encoder,plain,fused,fused+recompute,pruned,pruned-plain,pruned+recompute]
-        [--config conf.yaml]
+        [--config conf.yaml] [--set model.joint_chunk_mb=16 ...]
 """
 
 from __future__ import annotations
@@ -25,8 +27,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-from memory_probe import reset_peak, rss_kib
 
 CONFORMER_S = Path(__file__).resolve().parents[1] / "recipes/librispeech/conf/conformer_s.yaml"
 MODES = {
@@ -48,6 +48,7 @@ def run(
     labels: int,
     steps: int,
     config: str = str(CONFORMER_S),
+    overrides: tuple[str, ...] = (),
 ) -> dict:
     import keras
     import numpy as np
@@ -65,8 +66,8 @@ def run(
             encoded, _ = self.network.encode(features, feature_lengths, training=training)
             return tf.reduce_mean(tf.square(tf.cast(encoded, tf.float32))), 1
 
-    overrides = [f"{k}={str(v).lower()}" for k, v in MODES[mode].items()]
-    model = load_config(config, overrides).model
+    mode_overrides = [f"{k}={str(v).lower()}" for k, v in MODES[mode].items()]
+    model = load_config(config, [*mode_overrides, *overrides]).model
     frames = int(seconds * 100)
     rng = np.random.default_rng(0)
     data = (
@@ -81,17 +82,24 @@ def run(
     task.build_engine(data)
     dataset = tf.data.Dataset.from_tensors(data)
     task.fit(dataset, verbose=0)  # warm-up: tracing and the first allocation
-    base = reset_peak()
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    held = tf.config.experimental.get_memory_info("CPU:0")["current"]
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         task.fit(dataset, verbose=0)
         times.append(time.perf_counter() - start)
-    return {"extra_mib": (rss_kib("VmHWM") - base) / 1024, "seconds": statistics.median(times)}
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    return {"extra_mib": (peak - held) / 2**20, "seconds": statistics.median(times)}
 
 
 def _child(spec: dict) -> dict:
-    quiet = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "MALLOC_ARENA_MAX": "1"}
+    quiet = {
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "TF_ENABLE_ONEDNN_OPTS": "0",
+        "MALLOC_ARENA_MAX": "1",
+        "TF_CPU_ALLOCATOR_USE_BFC": "true",
+    }
     env = dict(os.environ, **quiet)
     cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -109,6 +117,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed steps per configuration")
     parser.add_argument("--modes", default="plain,fused,fused+recompute")
     parser.add_argument("--config", default=str(CONFORMER_S), help="YAML whose model: to use")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every mode (repeatable)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -116,14 +131,16 @@ def main() -> None:
         return
     modes = args.modes.split(",")
     print(f"{Path(args.config).name}, {args.batch} x {args.seconds:.0f} s, U = {args.labels}, "
-          "float32: extra peak memory of one step / step time")  # fmt: skip
+          f"float32{''.join(' ' + o for o in args.set)}: "
+          "extra peak tensor memory of one step / step time")  # fmt: skip
     print(f"{'V':>6} | " + " | ".join(f"{m:>22}" for m in modes))
     results = {}
     for vocab in [int(v) for v in args.vocab.split(",")]:
         cells = []
         for mode in modes:
             spec = dict(mode=mode, vocab=vocab, batch=args.batch, seconds=args.seconds,
-                        labels=args.labels, steps=args.steps, config=args.config)  # fmt: skip
+                        labels=args.labels, steps=args.steps, config=args.config,
+                        overrides=args.set)  # fmt: skip
             r = results[vocab, mode] = _child(spec)
             cells.append(f"{r['extra_mib']:7.0f} MiB {r['seconds']:7.2f} s")
         print(f"{vocab:>6} | " + " | ".join(f"{c:>22}" for c in cells), flush=True)
