@@ -2,10 +2,12 @@
 logits.
 
 `band_log_probs` returns, for each frame t and band column s, the blank and next-label
-log-probs of the joint `tanh(enc[t] + pred_band[t, s]) @ kernel + bias` — what
+log-probs of the joint `tanh(enc[t] + pred[rows[t, s]]) @ kernel + bias` — what
 `pruned_loss` needs from the band's [B, T, S, V] log-softmax — while holding only one chunk
 of frames' hidden states and logits at a time, in the forward pass and again (recomputed)
-in the backward pass, as `fused_joint_rnnt_loss` does for the whole lattice.
+in the backward pass, as `fused_joint_rnnt_loss` does for the whole lattice. The band's
+predictor rows are gathered per chunk too (and their gradients summed back into the
+predictor's [B, U+1, H]), never as a whole [B, T, S, H].
 
 The gradient of picked = logit[k] − logsumexp(logits) is onehot(k) − softmax, so with
 upstream g_blank and g_label [B, T, S]:
@@ -13,7 +15,7 @@ upstream g_blank and g_label [B, T, S]:
     d logits = g_blank · onehot(blank) + g_label · onehot(label) − (g_blank + g_label) · softmax
 
 then through the output layer and tanh to the encoder frames (summed over the band), the
-band's predictor rows, the kernel and the bias.
+predictor rows (summed over the frames whose band holds them), the kernel and the bias.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from asrkit.losses.fused import (
 
 def band_log_probs(
     encoder_hidden: tf.Tensor,
-    predictor_band: tf.Tensor,
+    predictor_hidden: tf.Tensor,
+    rows: tf.Tensor,
     kernel: tf.Tensor,
     bias: tf.Tensor,
     band_labels: tf.Tensor,
@@ -45,72 +48,63 @@ def band_log_probs(
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """(log_blank, log_label) [B, T, S] float32.
 
-    encoder_hidden: [B, T, H]; predictor_band: [B, T, S, H] (each frame's band of projected
-    predictor rows); kernel [H, V], bias [V]: the output layer; band_labels [B, T, S]: the
-    label whose log-prob each band cell needs (any valid id where it does not matter).
+    encoder_hidden: [B, T, H]; predictor_hidden: [B, U+1, H] (the projected predictor
+    rows); rows [B, T, S]: the predictor row of each frame's band column; kernel [H, V],
+    bias [V]: the output layer; band_labels [B, T, S]: the label whose log-prob each band
+    cell needs (any valid id where it does not matter).
     """
     kernel = tf.cast(kernel, encoder_hidden.dtype)
     bias = tf.cast(bias, encoder_hidden.dtype)
+    rows = tf.cast(rows, tf.int32)
     band_labels = tf.cast(band_labels, tf.int32)
     # Per frame a chunk holds B·S·(6V + 4H) values, as a fused chunk does with U+1 = S.
-    chunk = _chunk_frames(encoder_hidden, predictor_band[:, 0], kernel, None, chunk_bytes)
+    chunk = _chunk_frames(encoder_hidden, rows[:, 0, :, None], kernel, None, chunk_bytes)
     blank = int(blank)
 
     @tf.custom_gradient
-    def core(enc, band, kernel, bias):
-        enc, band = tf.stop_gradient(enc), tf.stop_gradient(band)
+    def core(enc, pred, kernel, bias):
+        enc, pred = tf.stop_gradient(enc), tf.stop_gradient(pred)
         kernel, bias = tf.stop_gradient(kernel), tf.stop_gradient(bias)
-        frames, span = tf.shape(enc)[1], tf.shape(band)[2]
+        frames = tf.shape(enc)[1]
         enc_c, chunks = _in_chunks(enc, chunk)
-        band_c = _band_chunks(band, chunk)
+        rows_c, _ = _in_chunks(rows, chunk)  # padding frames read row 0; their gradient is 0
         labels_c, _ = _in_chunks(band_labels, chunk)
         lse, log_blank, log_label = _forward(
-            enc_c, band_c, kernel, bias, labels_c, blank, chunks, frames
+            enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames
         )
 
         def grad(g_blank, g_label):
             g_blank_c, _ = _in_chunks(tf.cast(g_blank, tf.float32), chunk)
             g_label_c, _ = _in_chunks(tf.cast(g_label, tf.float32), chunk)
             lse_c, _ = _in_chunks(lse, chunk)
-            d_enc, d_band, d_kernel, d_bias = _backward(
-                enc_c, band_c, kernel, bias, labels_c, blank, chunks, frames, lse_c,
+            d_enc, d_pred, d_kernel, d_bias = _backward(
+                enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames, lse_c,
                 g_blank_c, g_label_c,
             )  # fmt: skip
-            shape = tf.shape(band)
-            d_band = tf.reshape(d_band, [shape[0], frames, span, shape[3]])
             return (
                 tf.cast(d_enc, enc.dtype),
-                tf.cast(d_band, band.dtype),
+                tf.cast(d_pred, pred.dtype),
                 tf.cast(d_kernel, kernel.dtype),
                 tf.cast(d_bias, bias.dtype),
             )
 
         return (log_blank, log_label), grad
 
-    return core(encoder_hidden, predictor_band, kernel, bias)
+    return core(encoder_hidden, predictor_hidden, kernel, bias)
 
 
-def _band_chunks(band, chunk):
-    """[B, T, S, H] -> [B, N, C, S·H] (zero-padded frames)."""
-    shape = tf.shape(band)
-    flat = tf.reshape(band, [shape[0], shape[1], shape[2] * shape[3]])
-    return _in_chunks(flat, chunk)[0]
-
-
-def _chunk(enc_c, band_c, kernel, bias, i):
+def _chunk(enc_c, pred, rows_c, kernel, bias, i):
     """Chunk i: hidden [B, C, S, H] (compute dtype) and float32 logits [B, C, S, V]."""
     enc = tf.gather(enc_c, i, axis=1)  # [B, C, H]
-    band = tf.gather(band_c, i, axis=1)  # [B, C, S·H]
-    shape = tf.shape(enc)
-    band = tf.reshape(band, [shape[0], shape[1], -1, shape[2]])
+    band = tf.gather(pred, tf.gather(rows_c, i, axis=1), axis=1, batch_dims=1)  # [B, C, S, H]
     return _joint_cells(enc[:, :, None, :] + band, kernel, bias)
 
 
 # Graph functions even for eager callers (see asrkit.losses.fused).
 @functools.partial(tf.function, reduce_retracing=True)
-def _forward(enc_c, band_c, kernel, bias, labels_c, blank, chunks, frames):
+def _forward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames):
     def body(i, lse_acc, blank_acc, label_acc):
-        _, logits = _chunk(enc_c, band_c, kernel, bias, i)
+        _, logits = _chunk(enc_c, pred, rows_c, kernel, bias, i)
         lse, picked_blank, picked_label = _picked(logits, tf.gather(labels_c, i, axis=1), blank)
         return (i + 1, lse_acc.write(i, lse), blank_acc.write(i, picked_blank),
                 label_acc.write(i, picked_label))  # fmt: skip
@@ -121,32 +115,35 @@ def _forward(enc_c, band_c, kernel, bias, labels_c, blank, chunks, frames):
 
 
 @functools.partial(tf.function, reduce_retracing=True)
-def _backward(enc_c, band_c, kernel, bias, labels_c, blank, chunks, frames, lse_c, g_blank_c,
-              g_label_c):  # fmt: skip
-    vocab = tf.shape(kernel)[1]
-    blank_hot = tf.one_hot(blank, vocab, dtype=tf.float32)
+def _backward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames, lse_c,
+              g_blank_c, g_label_c):  # fmt: skip
+    shape = tf.shape(pred)
+    # Row r of utterance b is segment b·(U+1) + r of the flattened predictor.
+    offsets = tf.range(shape[0])[:, None, None] * shape[1]  # [B, 1, 1]
 
-    def body(i, d_enc, d_band, d_kernel, d_bias):
-        hidden, logits = _chunk(enc_c, band_c, kernel, bias, i)
-        label_hot = tf.one_hot(tf.gather(labels_c, i, axis=1), vocab, dtype=tf.float32)
+    def body(i, d_enc, d_pred, d_kernel, d_bias):
+        hidden, logits = _chunk(enc_c, pred, rows_c, kernel, bias, i)
         # The loss' upstream gradients are minus the posteriors `_cells_gradient` expects.
         d_pre, chunk_kernel, chunk_bias = _cells_gradient(
             hidden, logits, tf.gather(lse_c, i, axis=1), -tf.gather(g_blank_c, i, axis=1),
-            -tf.gather(g_label_c, i, axis=1), blank_hot, label_hot, kernel,
+            -tf.gather(g_label_c, i, axis=1), blank, tf.gather(labels_c, i, axis=1), kernel,
         )  # fmt: skip
         d_kernel = tf.ensure_shape(d_kernel + chunk_kernel, kernel.shape)
         d_bias = tf.ensure_shape(d_bias + chunk_bias, bias.shape)
-        shape = tf.shape(d_pre)
         d_enc = d_enc.write(i, tf.reduce_sum(d_pre, axis=2))  # [B, C, H]
-        d_band = d_band.write(i, tf.reshape(d_pre, [shape[0], shape[1], -1]))  # [B, C, S·H]
-        return i + 1, d_enc, d_band, d_kernel, d_bias
+        segments = tf.reshape(tf.gather(rows_c, i, axis=1) + offsets, [-1])
+        d_rows = tf.math.unsorted_segment_sum(
+            tf.reshape(d_pre, [-1, shape[2]]), segments, shape[0] * shape[1]
+        )
+        d_pred = tf.ensure_shape(d_pred + tf.reshape(d_rows, shape), d_pred.shape)
+        return i + 1, d_enc, d_pred, d_kernel, d_bias
 
     init = [
         tf.constant(0),
         tf.TensorArray(tf.float32, size=chunks),
-        tf.TensorArray(tf.float32, size=chunks),
+        tf.zeros(shape, tf.float32),
         tf.zeros(tf.shape(kernel), tf.float32),
         tf.zeros(tf.shape(bias), tf.float32),
     ]
-    _, d_enc, d_band, d_kernel, d_bias = _chunk_loop(chunks, body, init)
-    return _stitch(d_enc, frames), _stitch(d_band, frames), d_kernel, d_bias
+    _, d_enc, d_pred, d_kernel, d_bias = _chunk_loop(chunks, body, init)
+    return _stitch(d_enc, frames), d_pred, d_kernel, d_bias

@@ -133,16 +133,16 @@ def _picked(logits, labels, blank):
     return lse, logits[..., blank] - lse, tf.gather(logits, labels, batch_dims=3) - lse
 
 
-def _cells_gradient(hidden, logits, lse, post_blank, post_label, blank_hot, label_hot, kernel):
+def _cells_gradient(hidden, logits, lse, post_blank, post_label, blank, labels, kernel):
     """The gradient of −Σ post · picked log-prob over cells [B, C, X]: d logits = softmax ·
-    (post_blank + post_label) − post_blank · onehot(blank) − post_label · onehot(label), then
-    -> (d before the tanh [B, C, X, H], d kernel, d bias), all float32."""
+    (post_blank + post_label) − post_blank · onehot(blank) − post_label · onehot(label)
+    (`labels` [B, C or 1, X]; the one-hot terms added where they fall, never as [.., V]),
+    then -> (d before the tanh [B, C, X, H], d kernel, d bias), all float32."""
     softmax = tf.exp(logits - lse[..., None])
-    d_logits = (
-        softmax * (post_blank + post_label)[..., None]
-        - post_blank[..., None] * blank_hot
-        - post_label[..., None] * label_hot
-    )  # [B, C, X, V] float32
+    d_logits = softmax * (post_blank + post_label)[..., None]  # [B, C, X, V] float32
+    labels = tf.broadcast_to(labels, tf.shape(post_label))
+    ids = tf.stack([tf.fill(tf.shape(labels), blank), labels], axis=-1)  # [B, C, X, 2]
+    d_logits = add_at_last(d_logits, ids, -tf.stack([post_blank, post_label], axis=-1))
     hidden32 = tf.cast(hidden, tf.float32)
     flat_hidden = tf.reshape(hidden32, [-1, tf.shape(hidden32)[3]])
     flat_d_logits = tf.reshape(d_logits, [-1, tf.shape(d_logits)[3]])
@@ -150,6 +150,17 @@ def _cells_gradient(hidden, logits, lse, post_blank, post_label, blank_hot, labe
     d_bias = tf.reduce_sum(flat_d_logits, axis=0)
     d_hidden = _cells_matmul(d_logits, tf.cast(kernel, tf.float32), transpose_w=True)
     return d_hidden * (1.0 - tf.square(hidden32)), d_kernel, d_bias  # through tanh
+
+
+def add_at_last(x, ids, values):
+    """x [..., V] with values [..., K] added at x[..., ids] (ids [..., K] int32: K positions
+    per row of x; repeated positions sum): a scatter of K numbers per row instead of a
+    product with a one-hot of x's size."""
+    vocab, per_row = tf.shape(x)[-1], tf.shape(ids)[-1]
+    rows = tf.range(tf.size(ids)) // per_row
+    flat = tf.reshape(rows * vocab + tf.reshape(ids, [-1]), [-1, 1])
+    added = tf.tensor_scatter_nd_add(tf.reshape(x, [-1]), flat, tf.reshape(values, [-1]))
+    return tf.reshape(added, tf.shape(x))
 
 
 def _cells_matmul(x, w, transpose_w: bool = False):
@@ -236,16 +247,13 @@ def _backward(padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk,
     post_blank, post_label = _posteriors(saved, upstream, frames)  # [B, T, U+1]
     post_blank, post_label, lse = (_in_chunks(x, chunk)[0]
                                    for x in (post_blank, post_label, saved.lse))  # fmt: skip
-    vocab = tf.shape(kernel)[1]
-    blank_hot = tf.one_hot(blank, vocab, dtype=tf.float32)  # [V]
-    label_hot = tf.one_hot(saved.next_label, vocab, dtype=tf.float32)[:, None]  # [B,1,U+1,V]
+    labels = saved.next_label[:, None]  # [B, 1, U+1]
 
     def backward_chunk(i, d_enc, d_pred, d_kernel, d_bias):
         hidden, logits = _chunk_logits(padded, pred, kernel, bias, i)
         blank_c, label_c = tf.gather(post_blank, i, axis=1), tf.gather(post_label, i, axis=1)
         d_pre, chunk_kernel, chunk_bias = _cells_gradient(
-            hidden, logits, tf.gather(lse, i, axis=1), blank_c, label_c, blank_hot, label_hot,
-            kernel,
+            hidden, logits, tf.gather(lse, i, axis=1), blank_c, label_c, blank, labels, kernel,
         )  # fmt: skip
         d_enc = d_enc.write(i, tf.reduce_sum(d_pre, axis=2))  # [B, C, H]
         d_pred = tf.ensure_shape(d_pred + tf.reduce_sum(d_pre, axis=1), pred.shape)

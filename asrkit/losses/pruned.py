@@ -115,41 +115,38 @@ def fused_simple_loss(
 
 def _simple_loss(terms, lm, labels, logit_lengths, label_lengths, blank, lm_only_scale,
                  am_only_scale):  # fmt: skip
-    """The simple loss from `terms(lm, next_label, blank, unigram)` -> (norm, am_label,
-    am_blank, am_norm): what it needs of the encoder part (`asrkit.losses.trivial`)."""
+    """The simple loss from `terms(lm, next_label, blank, unigram)` -> `Terms`: what it
+    needs of the encoder and predictor parts (`asrkit.losses.trivial`)."""
     lm = tf.cast(lm, tf.float32)
     labels = tf.cast(labels, tf.int32)
     logit_lengths = tf.cast(logit_lengths, tf.int32)
     label_lengths = tf.cast(label_lengths, tf.int32)
     next_label = _next_labels(labels, label_lengths, tf.shape(lm)[1])  # [B, U+1]
-    lm_max = tf.stop_gradient(tf.reduce_max(lm, axis=-1, keepdims=True))  # [B, U+1, 1]
-    lm_exp = tf.exp(lm - lm_max)
     unigram = None
     if am_only_scale:
         # "AM only": the predictor replaced by its unigram average over the batch's rows.
+        lm_max = tf.stop_gradient(tf.reduce_max(lm, axis=-1, keepdims=True))  # [B, U+1, 1]
+        lm_exp = tf.exp(lm - lm_max)
         rows = tf.sequence_mask(label_lengths + 1, tf.shape(lm)[1], tf.float32)  # [B, U+1]
         lm_probs = lm_exp / tf.reduce_sum(lm_exp, axis=-1, keepdims=True)
         unigram = tf.reduce_sum(lm_probs * rows[..., None], axis=[0, 1])
         unigram = unigram / tf.maximum(tf.reduce_sum(rows), 1.0) + _TINY  # [V]
-    norm, am_label, am_blank, am_norm = terms(lm, next_label, blank, unigram)
+    t = terms(lm, next_label, blank, unigram)
 
-    lm_label = tf.gather(lm, next_label[..., None], axis=2, batch_dims=2)[..., 0]  # [B, U+1]
-    lm_blank = lm[..., blank]  # [B, U+1]
-    log_blank = am_blank[:, :, None] + lm_blank[:, None, :] - norm
-    log_label = am_label + lm_label[:, None, :] - norm
+    log_blank = t.am_blank[:, :, None] + t.lm_blank[:, None, :] - t.norm
+    log_label = t.am_label + t.lm_label[:, None, :] - t.norm
 
     combined = 1.0 - lm_only_scale - am_only_scale
     if lm_only_scale or am_only_scale:
         log_blank, log_label = log_blank * combined, log_label * combined
     if lm_only_scale:
-        lm_norm = tf.math.log(tf.reduce_sum(lm_exp, axis=-1)) + lm_max[..., 0]  # [B, U+1]
-        log_blank += lm_only_scale * (lm_blank - lm_norm)[:, None, :]
-        log_label += lm_only_scale * (lm_label - lm_norm)[:, None, :]
+        log_blank += lm_only_scale * (t.lm_blank - t.lm_norm)[:, None, :]
+        log_label += lm_only_scale * (t.lm_label - t.lm_norm)[:, None, :]
     if am_only_scale:
         log_unigram = tf.math.log(unigram)
-        log_blank += am_only_scale * (am_blank + log_unigram[blank] - am_norm)[:, :, None]
-        am_only_label = am_label + tf.gather(log_unigram, next_label)[:, None, :]
-        log_label += am_only_scale * (am_only_label - am_norm[:, :, None])
+        log_blank += am_only_scale * (t.am_blank + log_unigram[blank] - t.am_norm)[:, :, None]
+        am_only_label = t.am_label + tf.gather(log_unigram, next_label)[:, None, :]
+        log_label += am_only_scale * (am_only_label - t.am_norm[:, :, None])
     return lattice_loss(log_blank, log_label, logit_lengths, label_lengths)
 
 
@@ -211,15 +208,15 @@ def pruned_loss(
     u1 = tf.shape(predictor_hidden)[1]
     span = tf.minimum(prune_range, u1)
     rows = tf.minimum(s_begin[:, :, None] + tf.range(span)[None, None, :], u1 - 1)  # [B,T,S]
-    pred_band = tf.gather(predictor_hidden, rows, axis=1, batch_dims=1)  # [B, T, S, H]
     next_label = _next_labels(labels, tf.cast(label_lengths, tf.int32), u1)  # [B, U+1]
     band_labels = tf.gather(next_label, rows, axis=1, batch_dims=1)  # [B, T, S]
     if fused:
         band_blank, band_label = band_log_probs(
-            encoder_hidden, pred_band, output_layer.kernel, output_layer.bias, band_labels,
-            blank, chunk_bytes,
+            encoder_hidden, predictor_hidden, rows, output_layer.kernel, output_layer.bias,
+            band_labels, blank, chunk_bytes,
         )  # fmt: skip
     else:
+        pred_band = tf.gather(predictor_hidden, rows, axis=1, batch_dims=1)  # [B, T, S, H]
         hidden = tf.tanh(encoder_hidden[:, :, None, :] + pred_band)
         log_probs = tf.nn.log_softmax(tf.cast(output_layer(hidden), tf.float32), axis=-1)
         band_blank = log_probs[..., blank]

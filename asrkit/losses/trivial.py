@@ -2,12 +2,15 @@
 encoder's projection to the vocabulary, never holding that projection for all frames.
 
 The simple loss (`asrkit.losses.pruned.simple_loss`) reads the encoder part of its logits,
-am = encoded @ kernel + bias [B, T, V], only through four reductions over V:
+am = encoded @ kernel + bias [B, T, V], and the predictor part lm [B, U+1, V] only through
+these reductions over V:
 
     norm[t, u]     = log Σ_v exp(am[t, v] + lm[u, v])          [B, T, U+1]
     am_label[t, u] = am[t, next_label[u]]                      [B, T, U+1]
     am_blank[t]    = am[t, blank]                              [B, T]
     am_norm[t]     = log Σ_v exp(am[t, v]) · unigram[v]        [B, T] (AM-only smoothing)
+    lm_label[u], lm_blank[u], lm_norm[u] = lm[u, next_label[u]], lm[u, blank],
+                     log Σ_v exp(lm[u, v])                      [B, U+1] (lm_norm: LM-only)
 
 `trivial_terms` computes them a chunk of frames at a time (am, its exponentials and their
 products with exp(lm) exist for one chunk only) and, with a custom gradient, recomputes
@@ -17,15 +20,20 @@ each chunk in the backward pass:
                + Σ_u g_label[t, u] · [v = next_label[u]] + g_blank[t] · [v = blank]
                + g_am_norm[t] · exp(am[t, v]) · unigram[v] / exp(am_norm[t])
     d lm[u, v] = exp(lm[u, v]) · Σ_t g_norm[t, u] · exp(am[t, v] − norm[t, u])
+               + g_lm_norm[u] · exp(lm[u, v] − lm_norm[u])
+               + g_lm_label[u] · [v = next_label[u]] + g_lm_blank[u] · [v = blank]
     d unigram[v] = Σ_t g_am_norm[t] · exp(am[t, v] − am_norm[t])
 
-then through the projection to the encoder frames, the kernel and the bias. (Exponentials
-are taken after subtracting each frame's and each row's maximum, as the plain path does.)
+then through the projection to the encoder frames, the kernel and the bias. d lm is formed
+once, after the chunks, as one [B, U+1, V] tensor (the picks' gradients added where they
+fall, not as one-hot products of that size). (Exponentials are taken after subtracting
+each frame's and each row's maximum, as the plain path does.)
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -35,13 +43,26 @@ from asrkit.losses.fused import (
     _frames_in_budget,
     _in_chunks,
     _stitch,
+    add_at_last,
 )
 
 _TINY = tf.experimental.numpy.finfo(tf.float32.as_numpy_dtype).tiny
 
 
-def plain_terms(am, lm, next_label, blank: int, unigram=None):
-    """The four reductions from a whole am [B, T, V] (differentiated by TensorFlow)."""
+class Terms(NamedTuple):
+    """What the simple loss needs of its logits am + lm (see the module docstring)."""
+
+    norm: tf.Tensor  # [B, T, U+1]
+    am_label: tf.Tensor  # [B, T, U+1]
+    am_blank: tf.Tensor  # [B, T]
+    am_norm: tf.Tensor | None  # [B, T], with a unigram only
+    lm_label: tf.Tensor  # [B, U+1]
+    lm_blank: tf.Tensor  # [B, U+1]
+    lm_norm: tf.Tensor  # [B, U+1]
+
+
+def plain_terms(am, lm, next_label, blank: int, unigram=None) -> Terms:
+    """The reductions from a whole am [B, T, V] (differentiated by TensorFlow)."""
     am, lm = tf.cast(am, tf.float32), tf.cast(lm, tf.float32)
     next_label = tf.cast(next_label, tf.int32)
     am_max = tf.stop_gradient(tf.reduce_max(am, axis=-1, keepdims=True))  # [B, T, 1]
@@ -53,7 +74,9 @@ def plain_terms(am, lm, next_label, blank: int, unigram=None):
     am_norm = None
     if unigram is not None:
         am_norm = tf.math.log(tf.einsum("btv,v->bt", am_exp, unigram)) + am_max[..., 0]
-    return norm, am_label, am[..., blank], am_norm
+    lm_label = tf.gather(lm, next_label[..., None], axis=2, batch_dims=2)[..., 0]
+    lm_norm = tf.math.log(tf.reduce_sum(lm_exp, axis=-1)) + lm_max[..., 0]
+    return Terms(norm, am_label, am[..., blank], am_norm, lm_label, lm[..., blank], lm_norm)
 
 
 def trivial_terms(
@@ -65,9 +88,9 @@ def trivial_terms(
     blank: int = 0,
     unigram=None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-):
-    """(norm, am_label, am_blank, am_norm) float32 of am = encoded @ kernel + bias, as
-    `plain_terms` gives them, chunk by chunk (am_norm is None without `unigram`).
+) -> Terms:
+    """The `Terms` (float32) of am = encoded @ kernel + bias and lm, as `plain_terms` gives
+    them, chunk by chunk (am_norm is None without `unigram`).
 
     encoded: [B, T, D] (any float dtype; the projection runs in it, as the Dense layer
     would); kernel [D, V], bias [V]; lm: [B, U+1, V]; next_label: [B, U+1] int;
@@ -95,15 +118,26 @@ def trivial_terms(
             enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, smoothing,
             chunks, frames,
         )  # fmt: skip
+        lm_ids = tf.stack([next_label, tf.fill(tf.shape(next_label), blank)], axis=-1)
+        lm_label, lm_blank = tf.unstack(tf.gather(lm, lm_ids, axis=2, batch_dims=2), axis=-1)
+        lm_sum = tf.reduce_sum(lm_exp, axis=-1)  # [B, U+1]
+        lm_norm = tf.math.log(lm_sum) + lm_max[..., 0]
 
-        def grad(g_norm, g_label, g_blank, g_am_norm):
+        def grad(g_norm, g_label, g_blank, g_am_norm, g_lm_label, g_lm_blank, g_lm_norm):
             g_am_norm = g_am_norm if smoothing else tf.zeros_like(am_blank)
-            d_enc, d_kernel, d_bias, d_lm, d_unigram = _backward(
+            d_enc, d_kernel, d_bias, lm_weight, d_unigram = _backward(
                 enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, smoothing,
                 chunks, frames, chunk, norm, am_norm, am_max,
                 tf.cast(g_norm, tf.float32), tf.cast(g_label, tf.float32),
                 tf.cast(g_blank, tf.float32), tf.cast(g_am_norm, tf.float32),
             )  # fmt: skip
+            g_lm_label, g_lm_blank, g_lm_norm = (
+                tf.zeros_like(lm_sum) if g is None else tf.cast(g, tf.float32)
+                for g in (g_lm_label, g_lm_blank, g_lm_norm)
+            )
+            lm_weight += (g_lm_norm / lm_sum)[..., None]  # lm_norm's gradient: the softmax
+            picks = tf.stack([g_lm_label, g_lm_blank], axis=-1)
+            d_lm = add_at_last(lm_exp * lm_weight, lm_ids, picks)
             return (
                 tf.cast(d_enc, encoded.dtype),
                 tf.cast(d_kernel, kernel.dtype),
@@ -112,10 +146,10 @@ def trivial_terms(
                 d_unigram,
             )
 
-        return (norm, am_label, am_blank, am_norm), grad
+        return (norm, am_label, am_blank, am_norm, lm_label, lm_blank, lm_norm), grad
 
-    norm, am_label, am_blank, am_norm = core(encoded, kernel, bias, lm, unigram)
-    return norm, am_label, am_blank, (am_norm if smoothing else None)
+    terms = Terms(*core(encoded, kernel, bias, lm, unigram))
+    return terms if smoothing else terms._replace(am_norm=None)
 
 
 def _chunk_frames(encoded, kernel, chunk_bytes):
@@ -165,9 +199,6 @@ def _forward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, sm
 def _backward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, smoothing,
               chunks, frames, chunk, norm, am_norm, am_max, g_norm, g_label, g_blank,
               g_am_norm):  # fmt: skip
-    vocab = tf.shape(kernel)[1]
-    label_hot = tf.one_hot(next_label, vocab, dtype=tf.float32)  # [B, U+1, V]
-    blank_hot = tf.one_hot(blank, vocab, dtype=tf.float32)  # [V]
     lm_max_row = tf.transpose(lm_max, [0, 2, 1])  # [B, 1, U+1]
     # w[t, u] = g_norm · exp(am_max[t] + lm_max[u] − norm[t, u]): the softmax over v of
     # am + lm is exp(am − am_max) · exp(lm − lm_max) · w / g_norm.
@@ -176,15 +207,17 @@ def _backward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, s
     per_frame = tf.stack([g_blank, g_am_norm * tf.exp(am_max - am_norm)], axis=-1)
     per_frame_c = _in_chunks(per_frame, chunk)[0]  # [B, N, C, 2]
 
-    def body(i, d_enc, d_kernel, d_bias, d_lm, d_unigram):
+    def body(i, d_enc, d_kernel, d_bias, lm_sum, d_unigram):
         enc, _, _, am_exp = _chunk_am(enc_c, kernel, bias, i)
         w = tf.gather(weight_c, i, axis=1)  # [B, C, U+1]
         g_lab = tf.gather(label_c, i, axis=1)
         g_blank_c, g_norm_am = tf.unstack(tf.gather(per_frame_c, i, axis=1), axis=-1)
         d_am = am_exp * tf.einsum("bcu,buv->bcv", w, lm_exp)
-        d_am += tf.einsum("bcu,buv->bcv", g_lab, label_hot)
-        d_am += g_blank_c[..., None] * blank_hot
-        d_lm += lm_exp * tf.einsum("bcu,bcv->buv", w, am_exp)
+        # The picks' gradients where they fall: U+1 labels and the blank per frame.
+        labels = tf.broadcast_to(next_label[:, None], tf.shape(g_lab))  # [B, C, U+1]
+        ids = tf.concat([labels, tf.fill(tf.shape(g_blank_c[..., None]), blank)], axis=-1)
+        d_am = add_at_last(d_am, ids, tf.concat([g_lab, g_blank_c[..., None]], axis=-1))
+        lm_sum += tf.einsum("bcu,bcv->buv", w, am_exp)  # times exp(lm) once, after the loop
         if smoothing:
             d_am += g_norm_am[..., None] * am_exp * unigram
             d_unigram += tf.einsum("bc,bcv->v", g_norm_am, am_exp)
@@ -197,7 +230,7 @@ def _backward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, s
         d_bias = tf.ensure_shape(d_bias + tf.reduce_sum(flat_d, axis=0), d_bias.shape)
         d_enc_chunk = tf.matmul(flat_d, tf.cast(kernel, tf.float32), transpose_b=True)
         d_enc = d_enc.write(i, tf.reshape(d_enc_chunk, [shape[0], shape[1], -1]))
-        return i + 1, d_enc, d_kernel, d_bias, d_lm, d_unigram
+        return i + 1, d_enc, d_kernel, d_bias, lm_sum, d_unigram
 
     init = [
         tf.constant(0),
@@ -207,5 +240,5 @@ def _backward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, s
         tf.zeros(tf.shape(lm_exp), tf.float32),
         tf.zeros(tf.shape(unigram), tf.float32),
     ]
-    _, d_enc, d_kernel, d_bias, d_lm, d_unigram = _chunk_loop(chunks, body, init)
-    return _stitch(d_enc, frames), d_kernel, d_bias, d_lm, d_unigram
+    _, d_enc, d_kernel, d_bias, lm_sum, d_unigram = _chunk_loop(chunks, body, init)
+    return _stitch(d_enc, frames), d_kernel, d_bias, lm_sum, d_unigram
