@@ -311,10 +311,7 @@ class ConformerBlock(CompositeLayer):
         x = x + seeded_dropout(attended, self.dropout, seed, 3, training)
         x = x + self.conv(x, lengths, training=training, seed=part(4), chunk=chunk)
         x = x + 0.5 * self.ff2(x, training=training, seed=part(5))
-        return zero_padding(self._out(x), lengths)
-
-    def _out(self, x):
-        return x if self.out_norm is None else self.out_norm(x)
+        return zero_padding(_normed(self.out_norm, x), lengths)
 
     def stream(self, x, state, offset, allowed, chunk=None):
         """The next frames of one stream (see `ConformerEncoder.stream`): state = (keys,
@@ -328,7 +325,7 @@ class ConformerBlock(CompositeLayer):
         convolved, tail = self.conv.stream(x, tail, chunk)
         x = x + convolved
         x = x + 0.5 * self.ff2(x)
-        return self._out(x), (keys, values, tail)
+        return _normed(self.out_norm, x), (keys, values, tail)
 
     def get_config(self):
         return {
@@ -419,10 +416,7 @@ class ConformerEncoder(CompositeLayer):
                 )
 
             x = maybe_recomputed(run, self.recompute and training)(x)
-        return zero_padding(self._out(x), lengths), lengths
-
-    def _out(self, x):
-        return x if self.norm is None else self.norm(x)
+        return zero_padding(_normed(self.norm, x), lengths), lengths
 
     @property
     def streams(self) -> bool:
@@ -468,7 +462,7 @@ class ConformerEncoder(CompositeLayer):
                 start = tf.maximum(tf.shape(keys)[1] - self.left_chunks * self.chunk_frames, 0)
                 keys, values = keys[:, start:], values[:, start:]
             kept.append((keys, values, tail))
-        return self._out(x), (offset + tf.shape(x)[1], kept)
+        return _normed(self.norm, x), (offset + tf.shape(x)[1], kept)
 
     def get_config(self):
         return {
@@ -487,3 +481,8 @@ class ConformerEncoder(CompositeLayer):
             "final_norm": self.final_norm,
             "conv_context": self.conv_context,
         }
+
+
+def _normed(norm, x):
+    """x through the optional final LayerNorm (`model.encoder.final_norm`)."""
+    return x if norm is None else norm(x)
