@@ -231,6 +231,7 @@ def test_a_plan_for_another_model_or_other_shards_is_refused(corpus, monkeypatch
         micro_batch_plan(config_in(corpus, "data.plan=plans/bad.json"), frames, tokens)
 
 
+@pytest.mark.slow  # a whole training run, ~30 s; the plan's use is tested above without one
 def test_asrkit_train_with_a_plan_trains_with_its_micro_batches(corpus, monkeypatch, capsys):
     from asrkit.cli.main import main
 
