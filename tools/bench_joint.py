@@ -7,7 +7,8 @@ memory of one training step and its time (median of the timed steps), side by si
 is TensorFlow's own count: the CPU allocator switched to the BFC allocator GPUs use
 (TF_CPU_ALLOCATOR_USE_BFC), its peak during the timed steps minus what was allocated before
 them (after a warm-up step; a fresh subprocess per configuration, oneDNN off). Unlike the
-process' VmHWM it has no malloc or thread-arena noise: it repeats to the byte.
+process' VmHWM it has no malloc or thread-arena noise; what remains is the executor's op
+order (which tensors happen to be alive together): a few MiB between runs.
 With the `encoder` mode (the same step with the encoder's frames' mean square as the whole
 loss: no predictor, joint or transducer loss), a second table gives each mode's joint +
 loss part: its memory and time minus the encoder's, and the ratios fused / pruned.
