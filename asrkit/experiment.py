@@ -137,14 +137,18 @@ def _adopt_file(source: Path, target: Path, key: str) -> None:
     shutil.copy2(source, target)
 
 
-def load_experiment_config(exp_dir: str | os.PathLike) -> ExperimentConfig:
-    """An experiment's config with its tokenizer and CMVN paths resolved inside `exp_dir`."""
+def load_experiment_config(
+    exp_dir: str | os.PathLike, overrides: list[str] = ()
+) -> ExperimentConfig:
+    """An experiment's config (then `--set` overrides) with its tokenizer and CMVN paths
+    resolved inside `exp_dir`."""
     exp_dir = Path(exp_dir)
     if not (exp_dir / CONFIG_FILE).is_file():
         raise FileNotFoundError(
             f"{exp_dir}: not an experiment directory (no {CONFIG_FILE}; made by asrkit train)"
         )
-    return resolve_assets(load_config(exp_dir / CONFIG_FILE, recorded=True), exp_dir)
+    recorded = load_config(exp_dir / CONFIG_FILE, overrides, recorded=True)
+    return resolve_assets(recorded, exp_dir)
 
 
 def resolve_assets(config: ExperimentConfig, exp_dir: str | os.PathLike) -> ExperimentConfig:

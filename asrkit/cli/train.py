@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def register(subparsers) -> None:
     train = subparsers.add_parser("train", help="train a transducer (resumes automatically)")
-    train.add_argument("--config", help="YAML config (unknown keys are errors)")
+    train.add_argument("--config", help="YAML config (unknown keys are errors); default for "
+                       "an existing experiment: the config it recorded, so `asrkit train "
+                       "--exp-dir EXP` resumes it from any directory")  # fmt: skip
     train.add_argument("--exp-dir", required=True, help="experiment directory")
     train.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override, e.g. --set train.epochs=5")  # fmt: skip
@@ -21,10 +24,16 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from asrkit.config import load_config
+    from asrkit.experiment import CONFIG_FILE, load_experiment_config
     from asrkit.training.trainer import train
 
     overrides = [*args.overrides, *([f"data.plan={args.plan}"] if args.plan else [])]
-    config = load_config(args.config, overrides)
+    if args.config is None and (Path(args.exp_dir) / CONFIG_FILE).is_file():
+        # The recorded asset paths are the experiment's; a path given here is this directory's.
+        overrides = [_absolute_asset(o) for o in overrides]
+        config = load_experiment_config(args.exp_dir, overrides)
+    else:
+        config = load_config(args.config, overrides)
     result = train(config, args.exp_dir, init_from=args.init_from,
                    new_epoch_order=args.new_epoch_order)  # fmt: skip
     if result.stopped_by:
@@ -41,3 +50,10 @@ def run(args: argparse.Namespace) -> int:
         f"{result.seconds:.0f} s -> {args.exp_dir}"
     )
     return 0
+
+
+def _absolute_asset(override: str) -> str:
+    key, sep, value = override.partition("=")
+    if sep and value and key.strip() in ("data.tokenizer", "data.cmvn", "data.plan"):
+        return f"{key}={Path(value).resolve()}"
+    return override

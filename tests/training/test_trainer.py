@@ -214,6 +214,26 @@ def test_a_resume_its_checkpoint_refuses_leaves_the_recorded_config(workdir, uni
     assert "lstm_units: 24" in before
 
 
+def test_train_without_a_config_continues_the_experiment_from_anywhere(
+    workdir, uninterrupted, tmp_path, monkeypatch, capsys
+):
+    """`asrkit train --exp-dir EXP` (no --config) uses the config EXP recorded: from another
+    directory, one more epoch on the same shards, tokenizer and model."""
+    from asrkit.cli.main import main
+
+    exp = tmp_path / "moved" / "exp"
+    shutil.copytree(workdir / "exp_a", exp)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--exp-dir", "moved/exp", "--set", "train.epochs=4"]) == 0
+    assert "4 epochs" in capsys.readouterr().out
+    final = json.loads((CheckpointManager(exp / "checkpoints").latest() / "state.json").read_text())
+    assert final["epoch"] == 4
+    assert "epochs: 4" in (exp / "config.yaml").read_text()
+    # An asset path given here is this directory's, not the experiment's: refused as missing.
+    assert main(["train", "--exp-dir", "moved/exp", "--set", "data.cmvn=nowhere.json"]) == 2
+    assert str(tmp_path / "nowhere.json") in capsys.readouterr().err
+
+
 def _start_training(workdir, exp, **popen):
     """`asrkit train` on the module's config as a real process (so it can be signalled)."""
     cmd = [sys.executable, "-m", "asrkit.cli.main", "train", "--config", "conf.yaml",
