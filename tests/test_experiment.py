@@ -22,8 +22,11 @@ def test_resuming_an_experiment_trained_before_final_norm_names_the_key(tmp_path
     network.build_from_features(80)
     CheckpointManager(exp / "checkpoints", keep=1).save(network, TrainState(1, 0, 5))
     before = (exp / "config.yaml").read_text()
-    sets = [x for key, value in ENCODER.items() for x in ("--set", f"model.encoder.{key}={value}")]
-    argv = ["train", "--exp-dir", str(exp), *sets, "--set", f"data.tokenizer={tmp_path}/tok"]
+    # The user's own config of before (no final_norm), which today reads as the default.
+    conf = tmp_path / "conf.yaml"
+    conf.write_text("model:\n  encoder:\n" + "".join(f"    {k}: {v}\n" for k, v in ENCODER.items()))
+    argv = ["train", "--config", str(conf), "--exp-dir", str(exp),
+            "--set", f"data.tokenizer={tmp_path}/tok"]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.encoder.final_norm=block" in err[0], err
@@ -31,6 +34,9 @@ def test_resuming_an_experiment_trained_before_final_norm_names_the_key(tmp_path
     assert (exp / "config.yaml").read_text() == before  # nothing rewritten
     # With the recorded value the check passes: the next error is the missing tokenizer.
     assert main([*argv, "--set", "model.encoder.final_norm=block"]) == 2
+    assert "tok/tokenizer.model missing" in capsys.readouterr().err
+    # Without --config the experiment's own record is used: it keeps "block", no refusal.
+    assert main(["train", "--exp-dir", str(exp), "--set", f"data.tokenizer={tmp_path}/tok"]) == 2
     assert "tok/tokenizer.model missing" in capsys.readouterr().err
 
 
