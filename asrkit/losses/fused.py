@@ -156,9 +156,9 @@ def add_at_last(x, ids, values):
     """x [..., V] with values [..., K] added at x[..., ids] (ids [..., K] int32: K positions
     per row of x; repeated positions sum): a scatter of K numbers per row instead of a
     product with a one-hot of x's size."""
-    vocab, per_row = tf.shape(x)[-1], tf.shape(ids)[-1]
-    rows = tf.range(tf.size(ids)) // per_row
-    flat = tf.reshape(rows * vocab + tf.reshape(ids, [-1]), [-1, 1])
+    vocab, per_row = tf.shape(x, tf.int64)[-1], tf.shape(ids, tf.int64)[-1]
+    rows = tf.range(tf.size(ids, tf.int64)) // per_row  # int64: x may exceed 2**31 values
+    flat = tf.reshape(rows * vocab + tf.reshape(tf.cast(ids, tf.int64), [-1]), [-1, 1])
     added = tf.tensor_scatter_nd_add(tf.reshape(x, [-1]), flat, tf.reshape(values, [-1]))
     return tf.reshape(added, tf.shape(x))
 
