@@ -261,6 +261,7 @@ def test_bad_memory_sizes_are_refused(text):
         parse_bytes(text)
 
 
+@pytest.mark.slow  # a real measuring process, ~15 s; the refusal itself is tested in-process above
 def test_bad_budget_from_the_command_line_names_the_bucket(corpus):
     """The real measuring process: 2 MiB cannot hold a step of the longest bucket."""
     run = subprocess.run(
