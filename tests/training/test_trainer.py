@@ -471,9 +471,8 @@ def test_fine_tune_with_a_new_vocabulary_and_a_frozen_encoder(workdir, uninterru
     assert same == sorted(frozen + unused), set(same) ^ set(frozen + unused)
 
 
-@pytest.mark.parametrize(
-    "precision", ["mixed_float16", pytest.param("mixed_bfloat16", marks=pytest.mark.slow)]
-)
+@pytest.mark.slow  # ~12 s each; the float16 update itself: test_verify_accumulation_mixed_float16
+@pytest.mark.parametrize("precision", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision_training_runs_and_stays_finite(workdir, precision):
     import keras
 
@@ -551,6 +550,7 @@ def test_two_worker_training_equals_one_process_with_the_same_global_batches(wor
     assert int(got[iterations]) == int(want[iterations]) > 0
 
 
+@pytest.mark.slow  # ~11 s; the CTC loss itself is tested in tests/losses/test_ctc.py
 def test_verify_accumulation_passes_with_an_auxiliary_ctc_loss(workdir):
     report = _verify(workdir, "model.ctc_weight=0.5")
     assert report.passed and report.max_relative_difference < 1e-5
