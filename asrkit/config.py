@@ -64,6 +64,7 @@ LOSSES = ("full", "pruned")
 PREDICTORS = ("lstm", "stateless")
 FINAL_NORMS = ("block", "encoder", "none")  # see model.encoder.final_norm
 CONV_CONTEXTS = ("causal", "chunk")  # see model.encoder.conv_context
+CONV_NORMS = ("layer", "batch", "frozen_batch")  # see model.encoder.conv_norm
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,10 @@ class EncoderConfig:
     num_blocks: int = 16
     num_heads: int = 4
     kernel_size: int = 31
-    conv_norm: str = "layer"  # layer | batch (batch breaks exact accumulation, see conformer.py)
+    # The convolution module's norm: "layer"; "batch" (BatchNorm from each replica's batch
+    # statistics: micro-batches then differ from their union, so accumulation is not exact);
+    # "frozen_batch" (BatchNorm from its running statistics, never updated: exact).
+    conv_norm: str = "layer"
     subsampling_filters: int = 144
     lstm_units: int = 320
     lstm_layers: int = 2
@@ -119,6 +123,10 @@ class EncoderConfig:
         if self.final_norm not in FINAL_NORMS:
             raise ValueError(
                 f"model.encoder.final_norm must be one of {FINAL_NORMS}, got {self.final_norm!r}"
+            )
+        if self.conv_norm not in CONV_NORMS:
+            raise ValueError(
+                f"model.encoder.conv_norm must be one of {CONV_NORMS}, got {self.conv_norm!r}"
             )
         if self.conv_context not in CONV_CONTEXTS:
             raise ValueError(

@@ -20,7 +20,9 @@ Padding never leaks: attention masks padded keys, and padded frames are zeroed b
 convolution, so an utterance's encoder output is the same alone or batched with longer ones.
 The convolution module normalises with LayerNorm by default; BatchNorm is an option, but its
 batch statistics make a micro-batch's output depend on the other utterances in it, so with
-BatchNorm, accumulated updates equal union-batch updates only approximately.
+`conv_norm="batch"`, accumulated updates equal union-batch updates only approximately;
+`"frozen_batch"` normalises with the running statistics (never updated), which keeps
+accumulation exact and is how an imported model is fine-tuned.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ import math
 import keras
 import tensorflow as tf
 
-from asrkit.config import CONV_CONTEXTS, FINAL_NORMS
+from asrkit.config import CONV_CONTEXTS, CONV_NORMS, FINAL_NORMS
 from asrkit.models.layers import (
+    BatchNorm,
     CompositeLayer,
     block_seeds,
     maybe_recomputed,
@@ -173,8 +176,8 @@ class ConvolutionModule(CompositeLayer):
         causal: bool = False, chunked: bool = False, **kwargs,
     ):  # fmt: skip
         super().__init__(**kwargs)
-        if norm not in ("layer", "batch"):
-            raise ValueError(f"norm must be 'layer' or 'batch', got {norm!r}")
+        if norm not in CONV_NORMS:
+            raise ValueError(f"norm must be one of {CONV_NORMS}, got {norm!r}")
         if causal and chunked:
             raise ValueError("a convolution module is causal or chunked, not both")
         self.d_model, self.kernel_size, self.norm_type, self.dropout = (
@@ -190,7 +193,7 @@ class ConvolutionModule(CompositeLayer):
         self.norm = (
             keras.layers.LayerNormalization()
             if norm == "layer"
-            else keras.layers.BatchNormalization()
+            else BatchNorm()
         )
         self.pointwise_out = keras.layers.Dense(d_model)
 
@@ -251,7 +254,9 @@ class ConvolutionModule(CompositeLayer):
         return h[..., : self.d_model] * tf.sigmoid(h[..., self.d_model :])  # GLU
 
     def _finish(self, h, training, seed):
-        h = keras.activations.swish(self.norm(h, training=training))
+        # frozen_batch: the running statistics, in training too (they never move).
+        norm_training = training and self.norm_type != "frozen_batch"
+        h = keras.activations.swish(self.norm(h, training=norm_training))
         return seeded_dropout(self.pointwise_out(h), self.dropout, _seed(seed), 0, training)
 
     def get_config(self):

@@ -40,3 +40,21 @@ def zero_padding(x, lengths):
     """x [B, T, ...] with every frame at t >= lengths[b] set to 0."""
     mask = tf.sequence_mask(lengths, tf.shape(x)[1], dtype=x.dtype)
     return x * tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([tf.rank(x) - 2], tf.int32)], 0))
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class BatchNorm(keras.layers.BatchNormalization):
+    """Keras' BatchNormalization, except that a training call on an empty batch (a replica's
+    empty share of a small micro-batch) leaves the moving statistics as they were: Keras'
+    own would average in the moments of no items, 0 / 0 = NaN, for good."""
+
+    def call(self, inputs, training=None, mask=None):
+        if not training:
+            return super().call(inputs, training=training, mask=mask)
+        moving = (self.moving_mean, self.moving_variance)
+        before = [tf.identity(v.value) for v in moving]
+        outputs = super().call(inputs, training=training, mask=mask)
+        present = tf.shape(inputs)[0] > 0
+        for variable, old in zip(moving, before, strict=True):
+            variable.assign(tf.where(present, variable.value, old))
+        return outputs

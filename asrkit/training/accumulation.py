@@ -293,12 +293,19 @@ class AccumulatingModel(keras.Model):
             else:
                 factor, target = None, loss_sum
         grads = tape.gradient(target, variables)
+        # A replica's share of a micro-batch smaller than the replica count is empty. Some
+        # kernels (TensorFlow's CPU depthwise-convolution filter gradient among them) then
+        # return their output buffer unwritten: finite garbage that no finiteness check
+        # catches. An empty share contributes exactly nothing, whatever the kernels did: its
+        # terms are selected away (not multiplied by 0: the garbage may be inf or NaN).
+        present = share_is_present(data)
         for acc, grad in zip(engine.grads, grads, strict=True):
             if grad is not None:
                 grad = tf.cast(tf.convert_to_tensor(grad), tf.float32)
-                acc.assign_add(grad if factor is None else grad / factor)
-        engine.loss_sum.assign_add(loss_sum)
-        engine.count.assign_add(count)
+                grad = grad if factor is None else grad / factor
+                acc.assign_add(tf.where(present, grad, tf.zeros_like(grad)))
+        engine.loss_sum.assign_add(tf.where(present, loss_sum, 0.0))
+        engine.count.assign_add(tf.where(present, count, 0.0))
 
     def _reduce_window(self):
         """Replica context: one all-reduce, then identical maths on every replica.
@@ -373,6 +380,13 @@ class AccumulatingModel(keras.Model):
         if self._accumulation.loss_scale.enabled:
             logs["loss_scale"] = float(engine.loss_scale.numpy())
         return logs
+
+
+def share_is_present(data) -> tf.Tensor:
+    """Scalar bool: does this micro-batch share hold any item (its first tensor's leading
+    dimension, the batch, is > 0)."""
+    first = tf.nest.flatten(data)[0]
+    return tf.shape(first)[0] > 0
 
 
 def _per_replica_compiled(fn):

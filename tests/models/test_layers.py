@@ -149,9 +149,12 @@ def test_transducer_config_round_trip():
 
 
 @pytest.mark.parametrize("kind", ["lstm", "conformer"])
-def test_an_empty_batch_contributes_nothing_in_graph_mode(kind):
+def test_an_empty_batch_runs_in_graph_mode_with_no_loss_and_no_items(kind):
     """A replica's share of a global micro-batch smaller than the replica count is empty;
-    TF's Conv2D alone fails on that (in graph mode), the transducer must not."""
+    TF's Conv2D alone fails on that (in graph mode), the transducer must not. Its loss and
+    count are 0. (Its gradients are whatever the kernels leave for an empty batch, which on
+    some machines is unwritten memory: the engine selects them away, see
+    tests/training/test_empty_share.py.)"""
     model = _tiny_transducer(kind)
     feats = RNG.standard_normal((2, 40, 80)).astype(np.float32)
     model.compute_loss_terms((feats, np.array([40, 30]), np.ones((2, 3), np.int32),
@@ -171,5 +174,7 @@ def test_an_empty_batch_contributes_nothing_in_graph_mode(kind):
              np.zeros((0, 3), np.int32), np.zeros((0,), np.int32))  # fmt: skip
     loss_sum, count, grads = terms_and_grads(empty)
     assert float(loss_sum) == 0.0 and int(count) == 0
-    for grad in grads:
-        assert grad is None or not np.any(tf.convert_to_tensor(grad).numpy())
+    shapes = [tuple(v.shape) for v in model.trainable_variables]
+    assert [None if g is None else tuple(g.shape) for g in grads] == [
+        None if g is None else s for g, s in zip(grads, shapes, strict=True)
+    ]
