@@ -190,11 +190,7 @@ class ConvolutionModule(CompositeLayer):
         self.depthwise = keras.layers.DepthwiseConv1D(
             kernel_size, padding="valid" if causal else "same"
         )
-        self.norm = (
-            keras.layers.LayerNormalization()
-            if norm == "layer"
-            else BatchNorm()
-        )
+        self.norm = keras.layers.LayerNormalization() if norm == "layer" else BatchNorm()
         self.pointwise_out = keras.layers.Dense(d_model)
 
     @property

@@ -7,7 +7,9 @@ One call of the train function ("a window") then:
 1. runs up to N micro-steps, each in replica context: forward + backward of `loss_sum`
    (under float16 loss scaling: of `loss_scale · loss_sum / local_count`, unscaled again
    in float32), added to replica-local float32 accumulators (no collective, no optimizer
-   call, no branch around a sync point);
+   call, no branch around a sync point); a replica whose share of the micro-batch is
+   empty adds exactly nothing (its terms are selected away, whatever the kernels
+   returned for an empty batch);
 2. all-reduces the accumulated gradients, loss sums and counts once (a single batched
    all-reduce), divides by the window's *total* count over all micro-batches and
    replicas, checks finiteness and clips by global norm — all on identical,
