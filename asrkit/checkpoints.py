@@ -15,10 +15,16 @@ Writing is complete-then-swap: a new checkpoint is written under `<name>.tmp`; a
 one of the same name is moved to `<name>.old`, the new one renamed into place, and only
 then the old one deleted. A run killed at any moment leaves a whole checkpoint of every
 name behind (`CheckpointManager` puts a stranded `.old` back).
+
+Before the swap, `files.json` records the size and SHA-256 of every file the checkpoint
+holds; every reader checks them first (`verify_checkpoint`), so a truncated copy, a full
+disk's partial write or a flipped bit is reported by file name instead of failing inside
+TensorFlow, and `newest_intact` finds the checkpoint to use instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -33,8 +39,8 @@ import tensorflow as tf
 from asrkit.errors import UserError
 
 CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)$")
+FILES_RECORD = "files.json"  # {file name: {"bytes": n, "sha256": hex}} of the others
 _WEIGHT_KEY = re.compile(r"^weights/(.+)/\.ATTRIBUTES/VARIABLE_VALUE$")
-_OLD_FORMAT_KEY = re.compile(r"^variables/\d+/\.ATTRIBUTES/VARIABLE_VALUE$")
 # Keras' own bookkeeping attributes of a layer: lists and trackers that hold the same
 # variables and sub-layers again. Walked last, so every variable is named by the
 # attribute that owns it.
@@ -201,6 +207,7 @@ def _write_atomically(final: Path, write) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         write(tmp)
+        _record_files(tmp)
     except (OSError, tf.errors.OpError) as err:
         shutil.rmtree(tmp, ignore_errors=True)
         reason = getattr(err, "strerror", None) or getattr(err, "message", None) or str(err)
@@ -214,6 +221,86 @@ def _write_atomically(final: Path, write) -> None:
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _record_files(directory: Path) -> None:
+    """`files.json`: the size and SHA-256 of every other file of a written checkpoint."""
+    record = {
+        path.name: {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        for path in sorted(directory.iterdir())
+        if path.is_file() and path.name != FILES_RECORD
+    }
+    (directory / FILES_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint whose files are not what was written (truncated, emptied, altered)."""
+
+
+def checkpoint_damage(path: str | os.PathLike) -> str | None:
+    """What is wrong with a checkpoint directory's files, or None if they are as written:
+    each file of `files.json` present, of its size and its SHA-256."""
+    path = Path(path)
+    try:
+        record = json.loads((path / FILES_RECORD).read_text())
+    except FileNotFoundError:
+        return f"{path / FILES_RECORD}: missing (an incomplete copy?)"
+    except (OSError, ValueError) as err:
+        return f"{path / FILES_RECORD}: unreadable ({err})"
+    for name, expected in record.items():
+        file = path / name
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:
+            return f"{file}: missing"
+        if size != expected["bytes"]:
+            return f"{file}: {size:,} bytes, {expected['bytes']:,} were written (truncated?)"
+        if _sha256(file) != expected["sha256"]:
+            return f"{file}: its contents differ from what was written (checksum mismatch)"
+    return None
+
+
+def verify_checkpoint(path: str | os.PathLike) -> None:
+    """Raises `DamagedCheckpoint` naming the damaged file and the newest intact checkpoint
+    beside it, if any."""
+    damage = checkpoint_damage(path)
+    if damage is None:
+        return
+    path = Path(path)
+    alternative = newest_intact(path.parent, exclude=path)
+    hint = (
+        f"the newest intact checkpoint is {alternative} (pass --checkpoint {alternative})"
+        if alternative
+        else "no intact checkpoint is beside it"
+    )
+    raise DamagedCheckpoint(f"damaged checkpoint: {damage}; {hint}")
+
+
+def newest_intact(directory: str | os.PathLike, exclude: Path | None = None) -> Path | None:
+    """The newest checkpoint of a directory whose files check out (None if there is none)."""
+    for candidate in reversed(list_checkpoints(directory)):
+        if candidate != exclude and checkpoint_damage(candidate) is None:
+            return candidate
+    return None
+
+
+def set_aside(path: Path) -> Path:
+    """Renames a damaged checkpoint out of the way (`ckpt-N.damaged`, never deleted)."""
+    aside = path.with_name(path.name + ".damaged")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.damaged{n}")
+    os.replace(path, aside)
+    return aside
 
 
 def _write(directory: Path, network, state: TrainState, optimizer) -> None:
@@ -267,16 +354,16 @@ def read_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 def _reader(path: str | os.PathLike):
     path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
     if not (path / "ckpt.index").exists():
         raise CheckpointError(f"{path}: not a checkpoint directory (no ckpt.index)")
-    reader = tf.train.load_checkpoint(str(path / "ckpt"))
-    keys = reader.get_variable_to_shape_map()
-    if any(_OLD_FORMAT_KEY.match(k) for k in keys):
-        raise CheckpointError(
-            f"{path}: written by asrkit 0.1, which keyed variables by creation order; this "
-            "asrkit keys them by name and cannot map them safely. Decode it with asrkit 0.1, "
-            "or retrain."
-        )
+    verify_checkpoint(path)
+    try:
+        reader = tf.train.load_checkpoint(str(path / "ckpt"))
+    except (tf.errors.OpError, ValueError) as err:  # written whole, then damaged in place
+        message = getattr(err, "message", None) or str(err)
+        raise DamagedCheckpoint(f"{path}: TensorFlow cannot read it ({message})") from None
     return reader
 
 

@@ -1,6 +1,7 @@
 """Checkpoint I/O: named variables, complete-then-swap writes, averaging, fine-tune loading."""
 
 import errno
+import hashlib
 import json
 import os
 
@@ -13,10 +14,12 @@ from asrkit.checkpoints import (
     CheckpointError,
     CheckpointManager,
     TrainState,
+    _record_files,
     average_last,
     list_checkpoints,
     load_matching_weights,
     named_variables,
+    newest_intact,
     read_weights,
     restore,
 )
@@ -206,13 +209,58 @@ def test_fine_tune_loading_reports_every_variable_by_name(tmp_path):
     assert all(k.startswith("encoder.") for k in report.fresh)
 
 
-def test_checkpoints_of_the_creation_order_format_are_refused(tmp_path):
+def _three_checkpoints(directory):
     model = built_transducer()
-    old = tmp_path / "ckpt-00000001"
-    tf.train.Checkpoint(variables=[v.value for v in model.variables]).write(str(old / "ckpt"))
-    (old / "state.json").write_text(json.dumps({"epoch": 0, "micro_batches": 0, "updates": 1}))
-    with pytest.raises(CheckpointError, match=r"asrkit 0.1.*creation order"):
-        restore(built_transducer(), old)
+    manager = CheckpointManager(directory, keep=3)
+    for updates in (1, 2, 3):
+        manager.save(model, TrainState(0, updates, updates))
+    return manager.checkpoints()
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda c: _truncate(c / "ckpt.data-00000-of-00001", 100), "bytes, .* were written"),
+        (lambda c: (c / "ckpt.index").write_bytes(b""), "bytes, .* were written"),
+        (lambda c: _flip_a_byte(c / "ckpt.data-00000-of-00001"), "checksum mismatch"),
+        (lambda c: (c / "ckpt.index").unlink(), "no ckpt.index"),
+        (lambda c: (c / "files.json").unlink(), "files.json: missing"),
+    ],
+)
+def test_a_damaged_checkpoint_is_named_with_the_newest_intact_one(tmp_path, damage, says):
+    _, second, third = _three_checkpoints(tmp_path)
+    damage(third)
+    with pytest.raises(CheckpointError, match=says) as err:
+        restore(built_transducer(), third)
+    message = str(err.value)
+    assert "\n" not in message
+    if "no ckpt.index" not in message:
+        assert f"pass --checkpoint {second}" in message
+    assert newest_intact(tmp_path) == second
+    restore(built_transducer(), second)  # the others are fine
+
+
+def test_a_checkpoint_damaged_after_its_record_is_refused_by_tensorflow_not_crashed(tmp_path):
+    """Damage the record cannot see (a consistent record of bad files): TensorFlow's own
+    error becomes a one-line CheckpointError."""
+    (checkpoint,) = _three_checkpoints(tmp_path)[-1:]
+    (checkpoint / "ckpt.index").write_bytes(b"not an sstable")
+    record = json.loads((checkpoint / "files.json").read_text())
+    record["ckpt.index"] = {"bytes": 14, "sha256": hashlib.sha256(b"not an sstable").hexdigest()}
+    (checkpoint / "files.json").write_text(json.dumps(record))
+    with pytest.raises(CheckpointError, match="TensorFlow cannot read it"):
+        read_weights(checkpoint)
+
+
+def _truncate(path, size):
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
 
 
 def _with_optimizer():
@@ -233,6 +281,7 @@ def test_resume_restores_the_optimizer_and_refuses_unmatched_slots(tmp_path):
 
     order = json.loads((path / "variables.json").read_text())
     (path / "variables.json").write_text(json.dumps(order[::-1]))
+    _record_files(path)  # as if it had been written so: intact, of another variable order
     with pytest.raises(CheckpointError, match="--init-from"):
         restore(*_with_optimizer()[:1], path, _with_optimizer()[1])
     restore(built_transducer(), path)  # the weights alone still load

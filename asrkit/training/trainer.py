@@ -37,9 +37,11 @@ from asrkit import __version__
 from asrkit.checkpoints import (
     CheckpointManager,
     TrainState,
+    checkpoint_damage,
     list_checkpoints,
     load_matching_weights,
     restore,
+    set_aside,
 )
 from asrkit.config import ExperimentConfig, dump_config
 from asrkit.data.batch_plan import mean_micro_batch_seconds, micro_batch_plan
@@ -251,9 +253,22 @@ def _build(run: _Run, data: _TrainingData, strategy) -> TransducerTask:
 
 def _restore_or_init(task: TransducerTask, run: _Run, init_from: str | None) -> TrainState:
     found = list_checkpoints(run.exp_dir / "checkpoints")  # the chief's, on every worker
-    if found:
-        state = restore(task.network, found[-1], task.optimizer)
-        run.log(f"resumed from {found[-1].name}: epoch {state.epoch}, {state.updates} updates")
+    while found:
+        latest = found.pop()
+        damage = checkpoint_damage(latest)
+        if damage is not None:
+            # Resume from the newest intact one; the damaged one is kept (by the chief),
+            # renamed so that it is never listed again.
+            aside = set_aside(latest) if run.chief else latest
+            warnings.warn(
+                f"{damage}: resuming from the checkpoint before it "
+                f"({found[-1].name if found else 'none: starting afresh'}); the damaged one "
+                f"is kept as {aside}",
+                stacklevel=2,
+            )
+            continue
+        state = restore(task.network, latest, task.optimizer)
+        run.log(f"resumed from {latest.name}: epoch {state.epoch}, {state.updates} updates")
         return state
     if init_from:
         _init_from(task.network, init_from, run.log)

@@ -158,6 +158,70 @@ def test_resume_from_a_mid_epoch_checkpoint_ends_identical(workdir, uninterrupte
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+def test_a_resume_falls_back_past_a_damaged_checkpoint_and_ends_identical(
+    workdir, uninterrupted, recwarn
+):
+    """The newest checkpoint truncated (a partial copy, a full disk): the resume warns once,
+    keeps the damaged one aside, continues from the one before and ends bit-identical to the
+    uninterrupted run."""
+    resumed = workdir / "exp_damaged"
+    shutil.copytree(workdir / "exp_a", resumed)
+    checkpoints = CheckpointManager(resumed / "checkpoints").checkpoints()
+    middle = checkpoints[len(checkpoints) // 2]
+    for later in checkpoints[len(checkpoints) // 2 + 2 :]:
+        shutil.rmtree(later)
+    damaged = checkpoints[len(checkpoints) // 2 + 1]
+    data_file = damaged / "ckpt.data-00000-of-00001"
+    with open(data_file, "r+b") as f:
+        f.truncate(data_file.stat().st_size // 2)
+    lines = []
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        result = train(load_config(workdir / "conf.yaml"), resumed, log=lines.append)
+    finally:
+        os.chdir(cwd)
+    warned = [str(w.message) for w in recwarn if "resuming from the checkpoint before" in
+              str(w.message)]  # fmt: skip
+    assert len(warned) == 1 and str(data_file) in warned[0] and middle.name in warned[0]
+    assert any(f"resumed from {middle.name}" in line for line in lines)
+    aside = damaged.with_name(damaged.name + ".damaged")
+    assert aside.is_dir() and (aside / "ckpt.data-00000-of-00001").exists()
+    assert result.state.updates == uninterrupted.state.updates
+    final_a = CheckpointManager(workdir / "exp_a" / "checkpoints").latest()
+    a, b = _weights(final_a), _weights(CheckpointManager(resumed / "checkpoints").latest())
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_commands_on_a_damaged_checkpoint_say_which_file_and_what_to_use(
+    workdir, uninterrupted, capsys
+):
+    from asrkit.cli.main import main
+
+    exp = workdir / "exp_broken"
+    shutil.copytree(workdir / "exp_a", exp)
+    checkpoints = CheckpointManager(exp / "checkpoints").checkpoints()
+    (checkpoints[-1] / "ckpt.index").write_bytes(b"")
+    capsys.readouterr()
+    commands = {
+        "decode": ["decode", "--exp-dir", str(exp), "--shards", str(workdir / "shards/dev")],
+        "average": ["average", "--exp-dir", str(exp), "--last", "2"],
+        "export": ["export", "--exp-dir", str(exp), "--out", str(workdir / "never")],
+    }
+    for command, argv in commands.items():
+        started = time.monotonic()
+        assert main(argv) == 2, command
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, (command, err)
+        assert err[0].startswith(f"asrkit {command}: error: damaged checkpoint: "), err
+        assert f"{checkpoints[-1] / 'ckpt.index'}: 0 bytes" in err[0]
+        assert f"pass --checkpoint {checkpoints[-2]}" in err[0]
+        assert time.monotonic() - started < 30, command
+    assert not (workdir / "never").exists()
+
+
 def test_resuming_with_another_data_plan_is_refused_then_restarted_on_request(
     workdir, uninterrupted
 ):
