@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import os
 import types
 import typing
@@ -407,10 +408,40 @@ def load_config(
     data = _read_yaml(Path(path)) if path is not None else {}
     if recorded:
         data = _with_legacy_defaults(data)
+    for item in overrides:
+        _check_override_key(item)
+    try:
+        build_config(ExperimentConfig, data)
+    except ConfigError as err:  # the file's own fault, whatever --set says
+        raise ConfigError(f"{path}: {err}") from None
     try:
         return build_config(ExperimentConfig, apply_overrides(data, list(overrides)))
     except ConfigError as err:
-        raise ConfigError(f"{path or '--set'}: {err}") from None
+        raise ConfigError(f"--set: {err}") from None
+
+
+def _check_override_key(item: str) -> None:
+    """`--set a.b=c` names a key of the config schema (else: one error naming `--set`, with
+    the nearest known key)."""
+    key, sep, _ = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set expects key.path=value, got {item!r}")
+    if key in REMOVED_KEYS or key in MOVED_KEYS:
+        return  # build_config says what became of it
+    cls, walked = ExperimentConfig, []
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(cls):
+            raise ConfigError(f"--set {item}: '{'.'.join(walked)}' is a value, not a section")
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            where = f"section '{'.'.join(walked)}'" if walked else "the top level"
+            near = difflib.get_close_matches(part, list(hints), n=1)
+            hint = f"; did you mean '{'.'.join([*walked, near[0]])}'?" if near else ""
+            raise ConfigError(
+                f"--set {item}: unknown key '{part}' in {where}{hint} (known: {sorted(hints)})"
+            )
+        cls = hints[part]
+        walked.append(part)
 
 
 def _with_legacy_defaults(data: dict) -> dict:

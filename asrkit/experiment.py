@@ -22,19 +22,15 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from asrkit.checkpoints import (
-    assign_weights,
-    average_checkpoints,
-    last_checkpoints,
-    list_checkpoints,
-    restore,
-)
 from asrkit.config import LEGACY_DEFAULTS, ExperimentConfig, legacy_key_matters, load_config
 from asrkit.errors import InputError, UserError
-from asrkit.features import GlobalNormalizer, normalizer_for
-from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # TensorFlow is imported only by what builds or loads a network
+    from asrkit.features import GlobalNormalizer
+    from asrkit.models.transducer import Transducer
 
 CONFIG_FILE = "config.yaml"
 TOKENIZER_DIR = "tokenizer"
@@ -77,6 +73,8 @@ def check_resumable(config: ExperimentConfig, exp_dir: str | os.PathLike) -> Non
     of a key whose default has changed since (LEGACY_DEFAULTS): its recorded config keeps
     the old value, and a run with the new default would build another network."""
     exp_dir = Path(exp_dir)
+    from asrkit.checkpoints import list_checkpoints
+
     if not (exp_dir / CONFIG_FILE).is_file() or not list_checkpoints(exp_dir / "checkpoints"):
         return
     recorded = load_config(exp_dir / CONFIG_FILE, recorded=True)
@@ -187,6 +185,9 @@ def load_experiment(
     of its last `average` checkpoints (1: the latest). No optimizer state is created.
     `chunk_frames`: for a Conformer trained with dynamic chunks, the chunk size to run
     with instead of `model.encoder.chunk_frames` (0: full context)."""
+    from asrkit.checkpoints import assign_weights, average_checkpoints, last_checkpoints, restore
+    from asrkit.features import normalizer_for
+
     config = load_experiment_config(exp_dir)
     if chunk_frames is not None:
         _check_chunk_override(config, chunk_frames)
@@ -253,6 +254,8 @@ def _check_chunk_override(config: ExperimentConfig, chunk_frames: int) -> None:
 
 def build_network(config: ExperimentConfig, vocab_size: int) -> Transducer:
     """The transducer network a config describes, built (variables created)."""
+    from asrkit.models.transducer import Transducer
+
     network = Transducer(vocab_size, config.model, name="transducer")
     network.build_from_features(config.features.num_mel_bins)
     return network

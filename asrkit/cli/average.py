@@ -14,6 +14,14 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from asrkit.outputs import writable_directory, writable_parent
+
+    if args.out:
+        writable_parent(args.out, "--out")
+    else:
+        writable_directory(Path(args.exp_dir) / "averaged", "--exp-dir")
     from asrkit.checkpoints import average_last
 
     averaged = average_last(args.exp_dir, args.last, args.out)

@@ -38,9 +38,11 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.decoding.onset import measure_emission_delay
     from asrkit.decoding.transcribe import NetworkRecogniser
     from asrkit.experiment import load_experiment, write_timing
+    from asrkit.outputs import writable_directory
 
     if args.limit < 1:
         raise InputError(f"--limit must be >= 1, got {args.limit}")
+    writable_directory(args.exp_dir, "--exp-dir")  # timing.json goes there
     utterances = read_manifest(args.manifest)[: args.limit]
     if not utterances:
         raise InputError(f"{args.manifest}: no utterances")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from asrkit.cli.options import (
     add_chunk_argument,
@@ -35,7 +34,9 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.data.records import check_shards
     from asrkit.decoding.runner import decode_manifest, decode_shards
     from asrkit.experiment import load_experiment
+    from asrkit.outputs import writable_directory, write_files
 
+    out = writable_directory(args.out, "--out") if args.out else None
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, args.chunk_frames)
     network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     options = search_options(args, config.decode.max_symbols_per_step)
@@ -64,16 +65,16 @@ def run(args: argparse.Namespace) -> int:
             f"  REF: {u.reference}",
             f"  HYP: {u.hypothesis}",
         ]
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "hyp.txt").write_text("".join(f"{u.id} {u.hypothesis}\n" for u in report.utterances))
-        (out / "ref.txt").write_text("".join(f"{u.id} {u.reference}\n" for u in report.utterances))
+    if out is not None:
         scores = {"wer": r.wer, "cer": r.cer, "substitutions": r.substitutions,
                   "deletions": r.deletions, "insertions": r.insertions, "words": r.words,
                   "utterances": len(report.utterances), "rtf": report.rtf, "method": method,
                   "weights": weights}  # fmt: skip
-        (out / "wer.json").write_text(json.dumps(scores, indent=1) + "\n")
-        (out / "report.txt").write_text("\n".join(lines) + "\n")
+        write_files(out, {
+            "hyp.txt": "".join(f"{u.id} {u.hypothesis}\n" for u in report.utterances),
+            "ref.txt": "".join(f"{u.id} {u.reference}\n" for u in report.utterances),
+            "wer.json": json.dumps(scores, indent=1) + "\n",
+            "report.txt": "\n".join(lines) + "\n",
+        })  # fmt: skip
         print(f"hypotheses and report -> {out}")
     return 0

@@ -36,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.errors import InputError
     from asrkit.experiment import load_experiment_config
     from asrkit.export import convert_to_litert, export_model, export_streaming
+    from asrkit.outputs import writable_parent
+
+    writable_parent(args.out, "--out")
 
     if args.litert and not args.streaming:
         raise InputError("--litert converts the streaming step: add --streaming")

@@ -9,6 +9,8 @@ probing, CPU-feature lines) is kept off the terminal unless `--verbose` or ASRKI
 from __future__ import annotations
 
 import argparse
+import errno
+import logging
 import os
 import sys
 import warnings
@@ -99,10 +101,9 @@ def quiet_tensorflow(verbose: bool) -> None:
     os.close(devnull)
     sys.stderr = os.fdopen(original, "w", buffering=1, encoding=sys.stderr.encoding,
                            errors=sys.stderr.errors)  # fmt: skip
-    import tensorflow
-
-    tensorflow.config.list_physical_devices()  # CUDA probing happens here, not at import
-    tensorflow.get_logger().setLevel("ERROR")  # its Python side: deprecation notices
+    # TensorFlow itself is imported only by the commands that need it, after they checked
+    # their arguments; its Python logger (deprecation notices) keeps errors only.
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
 
 
 _USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
@@ -110,12 +111,15 @@ _USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, Per
 
 
 def _is_user_error(err: BaseException) -> bool:
-    return isinstance(err, (UserError, *_USER_OS_ERRORS)) or getattr(err, "errno", None) == 28
+    user_errno = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+    return isinstance(err, (UserError, *_USER_OS_ERRORS)) or user_errno
 
 
 def _describe(err: BaseException) -> str:
-    if isinstance(err, OSError) and err.filename and err.strerror:
-        return f"{err.filename}: {err.strerror}"
+    if isinstance(err, OSError) and not isinstance(err, UserError) and err.filename:
+        from asrkit.outputs import plain_reason
+
+        return f"{err.filename}: {plain_reason(err)}"
     return str(err).strip() or type(err).__name__
 
 

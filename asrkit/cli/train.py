@@ -25,7 +25,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from asrkit.config import load_config
     from asrkit.experiment import CONFIG_FILE, load_experiment_config
-    from asrkit.training.trainer import train
+    from asrkit.outputs import writable_directory
 
     overrides = [*args.overrides, *([f"data.plan={args.plan}"] if args.plan else [])]
     if args.config is None and (Path(args.exp_dir) / CONFIG_FILE).is_file():
@@ -34,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
         config = load_experiment_config(args.exp_dir, overrides)
     else:
         config = load_config(args.config, overrides)
+    writable_directory(args.exp_dir, "--exp-dir")
+    from asrkit.training.trainer import train  # TensorFlow: only once the arguments are good
+
     result = train(config, args.exp_dir, init_from=args.init_from,
                    new_epoch_order=args.new_epoch_order)  # fmt: skip
     if result.stopped_by:

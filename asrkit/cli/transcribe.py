@@ -56,18 +56,25 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrkit.decoding import formats
-    from asrkit.decoding.long_audio import Windowing
-    from asrkit.decoding.transcribe import transcribe_files
+    from asrkit.outputs import writable_directory, write_files
 
     if args.nbest < 0:
         raise InputError(f"--nbest must be >= 0, got {args.nbest}")
     if args.format == "srt" and len(args.files) > 1 and not args.out_dir:
         raise InputError("--format srt with several files needs --out-dir (one .srt each)")
     stems = [Path(f).stem for f in args.files]
+    if args.out_dir:
+        writable_directory(args.out_dir, "--out-dir")
     if args.out_dir and len(set(stems)) < len(stems):
         twice = next(s for s in stems if stems.count(s) > 1)
         raise InputError(f"--out-dir: two files would both write {twice}.*; rename one")
+    missing = [f for f in args.files if not Path(f).is_file()]
+    if missing:
+        raise InputError(f"no such audio file: {missing[0]}")
+    from asrkit.decoding import formats
+    from asrkit.decoding.long_audio import Windowing
+    from asrkit.decoding.transcribe import transcribe_files
+
     try:
         windowing = Windowing(
             max_seconds=args.max_seconds,
@@ -81,9 +88,6 @@ def run(args: argparse.Namespace) -> int:
     elif args.realtime:
         raise InputError("--realtime simulates a live stream: use it with --streaming")
     recognise = _model_recogniser(args) if args.model else _experiment_recogniser(args)
-    missing = [f for f in args.files if not Path(f).is_file()]
-    if missing:
-        raise InputError(f"no such audio file: {missing[0]}")
     if args.streaming:
         found = [_stream(recognise, path, args) for path in args.files]
     else:
@@ -94,12 +98,12 @@ def run(args: argparse.Namespace) -> int:
         "srt": formats.as_srt,
     }[args.format]
     if args.out_dir:
-        out = Path(args.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        for transcript in found:
-            target = out / (Path(transcript.path).stem + EXTENSIONS[args.format])
-            target.write_text(render(transcript) + "\n")
-            print(target)
+        names = [Path(t.path).stem + EXTENSIONS[args.format] for t in found]
+        out = write_files(
+            args.out_dir, {n: render(t) + "\n" for n, t in zip(names, found, strict=True)}
+        )
+        for name in names:
+            print(out / name)
     else:
         for transcript in found:
             print(render(transcript))

@@ -4,6 +4,7 @@ stderr and exit code 2, never a traceback, and TensorFlow's start-up chatter sta
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from asrkit.cli.main import main
 
 ASRKIT = Path(sys.executable).parent / "asrkit"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _one_error_line(capsys, command: str) -> str:
@@ -27,7 +29,8 @@ def _one_error_line(capsys, command: str) -> str:
           "--out", "{tmp}/data"], "prepare", "{tmp}/nothing/dev-clean"),
         (["decode", "--exp-dir", "{tmp}/nowhere", "--manifest", "m.jsonl"], "decode",
          "{tmp}/nowhere: not an experiment directory"),
-        (["transcribe", "--exp-dir", "{tmp}/nowhere", "a.flac"], "transcribe", "{tmp}/nowhere"),
+        (["transcribe", "--exp-dir", "{tmp}/nowhere", "a.flac"], "transcribe",
+         "no such audio file: a.flac"),
         (["export", "--exp-dir", "{tmp}/nowhere", "--out", "{tmp}/x"], "export", "{tmp}/nowhere"),
         (["average", "--exp-dir", "{tmp}", "--last", "2"], "average", "no checkpoint"),
         (["train", "--config", "{tmp}/missing.yaml", "--exp-dir", "{tmp}/e"], "train",
@@ -126,3 +129,54 @@ def test_a_retired_key_is_one_warning_line_and_the_rest_goes_on(tmp_path):
         "from an index of the shards (0.3), there is no buffer to size",
         "asrkit train: error: --set: train.epochs must be >= 1, got 0",
     ]
+
+
+def test_a_mistyped_set_key_is_blamed_on_set_fast_with_the_nearest_key(tmp_path):
+    """Named as --set (not the config file, which is fine), before TensorFlow is imported."""
+    started = time.monotonic()
+    run = subprocess.run(
+        [ASRKIT, "train", "--config", str(ROOT / "recipes/mini/conf/conformer_cpu.yaml"),
+         "--exp-dir", str(tmp_path / "e"), "--set", "train.epoch=1"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    seconds = time.monotonic() - started
+    assert run.returncode == 2
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("asrkit train: error: --set train.epoch=1: unknown key 'epoch'")
+    assert "did you mean 'train.epochs'?" in line and "conformer_cpu.yaml" not in line
+    assert seconds < 2.0, seconds
+    assert not (tmp_path / "e").exists()
+
+
+def test_an_output_under_a_file_fails_first_naming_the_option(tmp_path, capsys):
+    """A path under a regular file cannot be created even by root: every command says so
+    before any work (no experiment is even needed to find that out)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cases = {
+        "train": ["train", "--set", "train.epochs=1", "--exp-dir", f"{blocker}/exp"],
+        "decode": ["decode", "--exp-dir", str(tmp_path), "--manifest", "m.jsonl", "--out",
+                   f"{blocker}/dec"],
+        "export": ["export", "--exp-dir", str(tmp_path), "--out", f"{blocker}/sm"],
+        "average": ["average", "--exp-dir", str(tmp_path), "--last", "2", "--out",
+                    f"{blocker}/avg"],
+        "transcribe": ["transcribe", "--exp-dir", str(tmp_path), "--out-dir",
+                       f"{blocker}/srt", str(blocker)],
+    }  # fmt: skip
+    for command, argv in cases.items():
+        assert main(argv) == 2, command
+        line = _one_error_line(capsys, command)
+        assert f"{blocker}/" in line and "a part of the path is a file" in line, line
+    assert blocker.read_text() == ""
+
+
+def test_results_are_kept_when_the_target_fails_late(tmp_path, monkeypatch):
+    from asrkit.outputs import OutputError, write_files
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(OutputError, match="they are kept in") as err:
+        write_files(blocker / "out", {"hyp.txt": "u1 HELLO\n", "wer.json": "{}\n"})
+    kept = Path(str(err.value).rsplit("kept in ", 1)[1])
+    assert (kept / "hyp.txt").read_text() == "u1 HELLO\n"
+    assert (kept / "wer.json").read_text() == "{}\n"
