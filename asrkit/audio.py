@@ -28,7 +28,13 @@ class AudioError(UserError, ValueError):
     """Audio that cannot be used: unreadable, corrupt, or in an unexpected format."""
 
 
+def _check_exists(path) -> None:
+    if not os.path.isfile(path):  # libsndfile would say "System error."
+        raise AudioError(f"{path}: no such audio file")
+
+
 def audio_info(path: str | os.PathLike) -> AudioInfo:
+    _check_exists(path)
     try:
         info = soundfile.info(str(path))
     except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
@@ -38,6 +44,7 @@ def audio_info(path: str | os.PathLike) -> AudioInfo:
 
 def read_audio(path: str | os.PathLike, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     """Mono float32 samples in [-1, 1] at `sample_rate` (resampled with soxr if needed)."""
+    _check_exists(path)
     try:
         samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, OSError) as err:

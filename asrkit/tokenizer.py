@@ -107,7 +107,7 @@ def train_tokenizer(
     out_dir.mkdir(parents=True, exist_ok=True)
     texts = [t.lower() for t in texts if t.strip()]
     if not texts:
-        raise InputError("train_tokenizer: no text to train on (are the manifests empty?)")
+        raise InputError("no text to train the tokenizer on (are the manifests empty?)")
     try:
         sentencepiece.SentencePieceTrainer.train(
             sentence_iterator=iter(texts),
@@ -124,7 +124,7 @@ def train_tokenizer(
             minloglevel=2,
         )
     except RuntimeError as err:
-        raise InputError(f"train_tokenizer: sentencepiece refused the settings: {err}") from None
+        raise InputError(f"sentencepiece refused the tokenizer settings: {err}") from None
     settings = TokenizerSettings(vocab_size=vocab_size, model_type=model_type)
     (out_dir / "tokenizer.json").write_text(json.dumps(asdict(settings), indent=2) + "\n")
     (out_dir / "tokenizer.vocab").unlink(missing_ok=True)

@@ -34,7 +34,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from asrkit.data.manifest import read_manifest
+    from asrkit.data.manifest import read_usable_manifest
     from asrkit.decoding.onset import measure_emission_delay
     from asrkit.decoding.transcribe import NetworkRecogniser
     from asrkit.experiment import load_experiment, write_timing
@@ -43,14 +43,7 @@ def run(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise InputError(f"--limit must be >= 1, got {args.limit}")
     writable_directory(args.exp_dir, "--exp-dir")  # timing.json goes there
-    utterances = read_manifest(args.manifest)[: args.limit]
-    if not utterances:
-        raise InputError(f"{args.manifest}: no utterances")
-    missing = next((u for u in utterances if not Path(u.audio_path).is_file()), None)
-    if missing:
-        raise InputError(
-            f"{args.manifest}: utterance {missing.id}: audio {missing.audio_path} not found"
-        )
+    utterances = read_usable_manifest(args.manifest)[: args.limit]
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average)
     options = search_options(args, experiment.config.decode.max_symbols_per_step)
     recognise = NetworkRecogniser(

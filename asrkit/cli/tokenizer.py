@@ -21,6 +21,11 @@ def run_train(args: argparse.Namespace) -> int:
     from asrkit.tokenizer import train_tokenizer
 
     texts = [u.text for path in args.manifest for u in iter_manifest(path)]
+    if not any(t.strip() for t in texts):
+        from asrkit.errors import InputError
+
+        names = ", ".join(str(p) for p in args.manifest)
+        raise InputError(f"--manifest {names}: no transcript to train on (empty manifest?)")
     tok = train_tokenizer(texts, args.out, args.vocab_size, args.model_type)
     pieces = f"{tok.vocab_size} pieces ({args.model_type})"
     print(f"tokenizer: {pieces}, blank id {tok.blank_id} -> {args.out}")

@@ -63,6 +63,29 @@ def read_manifest(path: str | os.PathLike) -> list[Utterance]:
     return list(iter_manifest(path))
 
 
+def read_usable_manifest(path: str | os.PathLike, option: str = "--manifest") -> list[Utterance]:
+    """A manifest that a command is about to work through: missing, empty, or naming audio
+    that is not there is an error naming the manifest (and its line), before any work."""
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"{option} {path}: no such manifest")
+    utterances, numbers = [], []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                utterances.append(_parse_line(line, path, number))
+                numbers.append(number)
+    if not utterances:
+        raise ManifestError(f"{option} {path}: the manifest holds no utterances")
+    for utterance, number in zip(utterances, numbers, strict=True):
+        if not Path(utterance.audio_path).is_file():
+            raise ManifestError(
+                f"{path}:{number}: utterance {utterance.id}: audio {utterance.audio_path}: no "
+                "such file (audio paths are as written, or relative to the directory you run in)"
+            )
+    return utterances
+
+
 def _parse_line(line: str, path: Path, number: int) -> Utterance:
     where = f"{path}:{number}"
     try:

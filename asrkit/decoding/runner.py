@@ -74,7 +74,7 @@ def decode_shards(
     num_mel_bins: int = 80,
 ) -> DecodeReport:
     batches = _shard_batches(shard_dir, pipe, normalize, num_mel_bins)
-    return _decode(model, batches, tokenizer, options)
+    return _decode(model, batches, tokenizer, options, shard_dir)
 
 
 def decode_manifest(
@@ -87,10 +87,10 @@ def decode_manifest(
     batches = _manifest_batches(
         manifest, config.features, normalizer_for(config.data.cmvn), config.data.batch_seconds
     )
-    return _decode(model, batches, tokenizer, options)
+    return _decode(model, batches, tokenizer, options, manifest)
 
 
-def _decode(model, batches, tokenizer: Tokenizer, options: DecodeOptions) -> DecodeReport:
+def _decode(model, batches, tokenizer: Tokenizer, options: DecodeOptions, source) -> DecodeReport:
     start = time.monotonic()
     results, seconds = [], 0.0
     for batch in batches:
@@ -101,7 +101,7 @@ def _decode(model, batches, tokenizer: Tokenizer, options: DecodeOptions) -> Dec
         seconds += batch.audio_seconds
     elapsed = time.monotonic() - start
     if not results:
-        raise InputError("nothing to decode: no utterances")
+        raise InputError(f"{source}: nothing to decode (no utterances)")
     rates = error_rates([r.reference for r in results], [r.hypothesis for r in results])
     return DecodeReport(results, rates, seconds, elapsed)
 

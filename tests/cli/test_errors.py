@@ -52,7 +52,7 @@ def _one_error_line(capsys, command: str) -> str:
         (["calibrate", "--exp-dir", "{tmp}/nowhere", "--manifest", "{tmp}/m.jsonl"],
          "calibrate", "{tmp}/m.jsonl"),
         (["calibrate", "--exp-dir", "{tmp}", "--manifest", "{tmp}/one.jsonl"], "calibrate",
-         "utterance u1: audio {tmp}/u1.flac not found"),
+         "one.jsonl:1: utterance u1: audio {tmp}/u1.flac: no such file"),
         (["calibrate", "--exp-dir", "{tmp}", "--manifest", "{tmp}/one.jsonl", "--limit", "0"],
          "calibrate", "--limit must be >= 1, got 0"),
     ],
@@ -94,7 +94,11 @@ def test_an_experiment_without_its_tokenizer_is_a_clear_error(tmp_path, capsys):
     exp = tmp_path / "exp"
     exp.mkdir()
     (exp / "config.yaml").write_text(json.dumps({"data": {"tokenizer": "tokenizer"}}))
-    assert main(["decode", "--exp-dir", str(exp), "--manifest", "m.jsonl"]) == 2
+    (tmp_path / "u1.flac").write_bytes(b"")  # looked at only once the model loaded
+    one = {"id": "u1", "audio_path": f"{tmp_path}/u1.flac", "duration": 1.0, "text": "A",
+           "speaker": "1"}  # fmt: skip
+    (tmp_path / "m.jsonl").write_text(json.dumps(one) + "\n")
+    assert main(["decode", "--exp-dir", str(exp), "--manifest", f"{tmp_path}/m.jsonl"]) == 2
     assert f"{exp}/tokenizer/tokenizer.json: missing" in _one_error_line(capsys, "decode")
 
 
@@ -180,3 +184,26 @@ def test_results_are_kept_when_the_target_fails_late(tmp_path, monkeypatch):
     kept = Path(str(err.value).rsplit("kept in ", 1)[1])
     assert (kept / "hyp.txt").read_text() == "u1 HELLO\n"
     assert (kept / "wer.json").read_text() == "{}\n"
+
+
+def test_empty_and_broken_manifests_are_named_with_their_line(tmp_path, capsys):
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "config.yaml").write_text(json.dumps({"data": {"tokenizer": "tokenizer"}}))
+    (tmp_path / "zero.jsonl").write_text("")
+    good = {"id": "u1", "audio_path": f"{tmp_path}/u1.flac", "duration": 1.0, "text": "A",
+            "speaker": "1"}  # fmt: skip
+    (tmp_path / "u1.flac").write_bytes(b"")
+    missing = {**good, "id": "u2", "audio_path": "/nonexistent/x.flac"}
+    (tmp_path / "two.jsonl").write_text(json.dumps(good) + "\n\n" + json.dumps(missing) + "\n")
+    assert main(["decode", "--exp-dir", str(exp), "--manifest", f"{tmp_path}/zero.jsonl"]) == 2
+    line = _one_error_line(capsys, "decode")
+    assert f"{tmp_path}/zero.jsonl: the manifest holds no utterances" in line
+    argv = ["tokenizer", "train", "--manifest", f"{tmp_path}/zero.jsonl", "--vocab-size", "8",
+            "--out", f"{tmp_path}/tok"]  # fmt: skip
+    assert main(argv) == 2
+    line = _one_error_line(capsys, "tokenizer train")
+    assert "zero.jsonl: no transcript" in line and "train_tokenizer" not in line
+    assert main(["decode", "--exp-dir", str(exp), "--manifest", f"{tmp_path}/two.jsonl"]) == 2
+    line = _one_error_line(capsys, "decode")
+    assert f"{tmp_path}/two.jsonl:3: utterance u2: audio /nonexistent/x.flac: no such file" in line
