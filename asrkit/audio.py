@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,6 +12,10 @@ import soundfile
 from asrkit.errors import UserError
 
 SAMPLE_RATE = 16_000
+
+# (sample rate, channels) -> how many files `read_audio` converted from that format in this
+# process; `conversion_notice` turns it into the one line a command prints at its end.
+CONVERTED: Counter[tuple[int, int]] = Counter()
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,30 @@ def read_audio(path: str | os.PathLike, sample_rate: int = SAMPLE_RATE) -> np.nd
         samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
         raise AudioError(f"{path}: cannot read audio ({err})") from None
+    if rate != sample_rate or samples.shape[1] > 1:
+        CONVERTED[(int(rate), int(samples.shape[1]))] += 1
     samples = samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0]
     if rate != sample_rate:
         samples = resample(samples, rate, sample_rate)
     return samples
+
+
+def conversion_notice(sample_rate: int = SAMPLE_RATE) -> str | None:
+    """One line on the audio this process converted (None if it converted none)."""
+    if not CONVERTED:
+        return None
+    kinds = ", ".join(
+        f"{count} at {rate} Hz {'mono' if channels == 1 else f'{channels} channels'}"
+        for (rate, channels), count in sorted(CONVERTED.items())
+    )
+    line = (
+        f"{sum(CONVERTED.values())} audio file(s) converted to {sample_rate // 1000} kHz mono "
+        f"({kinds})"
+    )
+    if any(rate < sample_rate for rate, _ in CONVERTED):
+        line += f"; audio below {sample_rate // 1000} kHz lacks the high band the model was "
+        line += "trained on: expect lower accuracy"
+    return line
 
 
 def resample(samples: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:

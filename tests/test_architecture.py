@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "asrkit"
 # Lower rank = lower layer. A module may import modules of a strictly lower rank, or of
 # its own top-level part (a package's modules import each other).
 RANKS = {
-    "asrkit": 0, "errors": 0, "sizes": 0,
+    "asrkit": 0, "errors": 0, "sizes": 0, "outputs": 1,
     "config": 1, "progress": 1,
     "audio": 2, "tokenizer": 2, "metrics": 2,
     "features": 3,

@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             f"asrkit {command}: warning: {message}\n"
         )
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        _audio_notice(command)
+        return code
     except KeyboardInterrupt:
         print(f"asrkit {command}: interrupted", file=sys.stderr)
         return 130
@@ -78,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         warnings.formatwarning = formatwarning
+
+
+def _audio_notice(command: str) -> None:
+    from asrkit.audio import conversion_notice
+
+    notice = conversion_notice()
+    if notice:
+        print(f"asrkit {command}: notice: {notice}", file=sys.stderr)
 
 
 def quiet_tensorflow(verbose: bool) -> None:
