@@ -99,13 +99,13 @@ class EncoderConfig:
     # Conformer: where the LayerNorm after the residual additions sits — "block" (the
     # Conformer paper: at the end of every block), "encoder" (once, after the last block) or
     # "none". With "block" a small Conformer on the mini corpus stayed in the predictor-only
-    # phase for most of its training (recipes/mini/README.md). Experiments recorded before
-    # this key existed keep "block" (LEGACY_DEFAULTS).
+    # phase for most of its training (RESULTS.md). A recorded experiment config without
+    # this key means "block" (LEGACY_DEFAULTS).
     final_norm: str = "none"
     # Streaming Conformer: what its convolution module sees — "causal" (the kernel_size - 1
     # frames before) or "chunk" (the centred kernel up to the end of the frame's chunk: no
-    # latency beyond the chunk's, which attention waits for anyway). Experiments recorded
-    # before this key existed keep "causal".
+    # latency beyond the chunk's, which attention waits for anyway). A recorded experiment
+    # config without this key means "causal".
     conv_context: str = "chunk"
 
     def __post_init__(self):
@@ -308,9 +308,8 @@ class ExperimentConfig:
 
 # Keys that moved between sections: a config naming the old place gets told the new one.
 MOVED_KEYS = {"train.max_symbols_per_step": "decode.max_symbols_per_step"}
-# Keys added with a default that changes what an older config meant: a recorded experiment
-# config without them (asrkit train wrote it before they existed) keeps the old value, so
-# the network it builds is still the one its checkpoints hold.
+# Keys whose absence from a recorded experiment config means another value than the
+# default, so the network it builds is still the one its checkpoints hold.
 LEGACY_DEFAULTS = {"model.encoder.final_norm": "block", "model.encoder.conv_context": "causal"}
 
 
@@ -323,10 +322,10 @@ def legacy_key_matters(config: ExperimentConfig, key: str) -> bool:
     return encoder.kind == "conformer"
 
 
-# Keys that no longer mean anything: accepted (experiments made before keep loading) and
-# ignored, with a warning saying why.
+# Keys that no longer mean anything: accepted (recorded experiments naming them keep
+# loading) and ignored, with a warning saying why.
 REMOVED_KEYS = {
-    "data.shuffle_buffer": "epochs are shuffled whole from an index of the shards (0.3), "
+    "data.shuffle_buffer": "epochs are shuffled whole from an index of the shards, "
     "there is no buffer to size",
 }
 

@@ -10,7 +10,7 @@ the words ("words", "word_starts", "word_ends", "word_confidence", "word_counts"
 `asrkit.decoding.words` for the definitions) and the n-best list ("nbest_texts",
 "nbest_scores", "nbest_counts": the beam, best first; one entry for greedy search).
 `serving_default` returns them without the batch axis and without padding (tokens end at
-`token_counts`, the n-best at `nbest_counts`), as before `serve_batch` existed. Features
+`token_counts`, the n-best at `nbest_counts`). Features
 (log-mel + the training set's mean/variance), the encoder, the search and detokenisation
 are all TensorFlow ops, so `tf.saved_model.load(dir)` serves it with TensorFlow alone —
 asrkit need not be installed.

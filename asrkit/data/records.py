@@ -182,13 +182,13 @@ def check_shards(
     index = Path(shard_dir) / "shards.json"
     if not index.exists():
         raise FileNotFoundError(
-            f"{index}: missing (not a shard directory, or made by asrkit 0.1; run "
+            f"{index}: missing (not a shard directory, or made by an older asrkit; run "
             "`asrkit features extract`)"
         )
     recorded = json.loads(index.read_text()).get("fingerprint")
     if recorded is None:
         raise ShardMismatch(
-            f"{shard_dir}: made by asrkit 0.1 (no fingerprint, no transcripts); re-run "
+            f"{shard_dir}: made by an older asrkit (no fingerprint, no transcripts); re-run "
             "`asrkit features extract` into a new directory"
         )
     differences = _differences(recorded, shard_fingerprint(config.features, tokenizer))
