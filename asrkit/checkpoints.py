@@ -36,6 +36,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from asrkit.config import SCHEMA_VERSION
 from asrkit.errors import UserError
 
 CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)$")
@@ -66,6 +67,7 @@ class TrainState:
     # What the epoch's order is a function of (`asrkit.data.order.DataPlanKey.as_dict()`):
     # `micro_batches` counts micro-batches of that order only.
     data_plan: dict | None = None
+    schema: int = SCHEMA_VERSION  # asrkit.config's; another is refused by read_state
 
 
 # ------------------------------------------------------------------------- variable names
@@ -155,7 +157,13 @@ def last_checkpoints(directory: str | os.PathLike, n: int) -> list[Path]:
 
 
 def read_state(path: str | os.PathLike) -> TrainState:
-    return TrainState(**json.loads((Path(path) / "state.json").read_text()))
+    record = json.loads((Path(path) / "state.json").read_text())
+    if record.get("schema") != SCHEMA_VERSION:
+        raise CheckpointError(
+            f"{path}: written by another asrkit (checkpoint schema {record.get('schema')}, this "
+            f"one reads {SCHEMA_VERSION}); use that asrkit, or train anew"
+        )
+    return TrainState(**record)
 
 
 # ------------------------------------------------------------------------------ writing

@@ -12,7 +12,6 @@ import difflib
 import os
 import types
 import typing
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,13 +98,11 @@ class EncoderConfig:
     # Conformer: where the LayerNorm after the residual additions sits — "block" (the
     # Conformer paper: at the end of every block), "encoder" (once, after the last block) or
     # "none". With "block" a small Conformer on the mini corpus stayed in the predictor-only
-    # phase for most of its training (RESULTS.md). A recorded experiment config without
-    # this key means "block" (LEGACY_DEFAULTS).
+    # phase for most of its training (RESULTS.md).
     final_norm: str = "none"
     # Streaming Conformer: what its convolution module sees — "causal" (the kernel_size - 1
     # frames before) or "chunk" (the centred kernel up to the end of the frame's chunk: no
-    # latency beyond the chunk's, which attention waits for anyway). A recorded experiment
-    # config without this key means "causal".
+    # latency beyond the chunk's, which attention waits for anyway).
     conv_context: str = "chunk"
 
     def __post_init__(self):
@@ -297,37 +294,26 @@ class DecodeConfig:
         _at_least(self, "decode", max_symbols_per_step=1)
 
 
+# The version of the config schema (and of the checkpoints' state.json). A recorded
+# experiment of another version is refused by name rather than read with other meanings.
+SCHEMA_VERSION = 1
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
+    schema: int = SCHEMA_VERSION
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
     features: FeatureConfig = FeatureConfig()
     decode: DecodeConfig = DecodeConfig()
 
-
-# Keys that moved between sections: a config naming the old place gets told the new one.
-MOVED_KEYS = {"train.max_symbols_per_step": "decode.max_symbols_per_step"}
-# Keys whose absence from a recorded experiment config means another value than the
-# default, so the network it builds is still the one its checkpoints hold.
-LEGACY_DEFAULTS = {"model.encoder.final_norm": "block", "model.encoder.conv_context": "causal"}
-
-
-def legacy_key_matters(config: ExperimentConfig, key: str) -> bool:
-    """Whether a LEGACY_DEFAULTS key changes the network `config` builds (a resume checks
-    only those)."""
-    encoder = config.model.encoder
-    if key == "model.encoder.conv_context":
-        return encoder.kind == "conformer" and bool(encoder.chunk_frames or encoder.dynamic_chunks)
-    return encoder.kind == "conformer"
-
-
-# Keys that no longer mean anything: accepted (recorded experiments naming them keep
-# loading) and ignored, with a warning saying why.
-REMOVED_KEYS = {
-    "data.shuffle_buffer": "epochs are shuffled whole from an index of the shards, "
-    "there is no buffer to size",
-}
+    def __post_init__(self):
+        if self.schema != SCHEMA_VERSION:
+            raise ValueError(
+                f"schema {self.schema}: this asrkit reads config schema {SCHEMA_VERSION} (the "
+                "experiment was recorded by another asrkit; use that one, or train anew)"
+            )
 
 
 class ConfigError(UserError, ValueError):
@@ -343,13 +329,6 @@ def build_config(cls, data: dict, section: str = ""):
     data = dict(data)
     for key in list(data):
         if key not in names:
-            path = f"{section}.{key}" if section else key
-            if path in REMOVED_KEYS:
-                warnings.warn(f"'{path}' is ignored: {REMOVED_KEYS[path]}", stacklevel=2)
-                del data[key]
-                continue
-            if path in MOVED_KEYS:
-                raise ConfigError(f"'{path}' is now '{MOVED_KEYS[path]}'; rename it")
             where = f"section '{section}'" if section else "the top level"
             raise ConfigError(f"unknown key '{key}' in {where} (known: {sorted(names)})")
     values = {}
@@ -399,14 +378,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def load_config(
-    path: str | os.PathLike | None, overrides: list[str] = (), recorded: bool = False
-) -> ExperimentConfig:
-    """A YAML config (its `base:`, if any, first), then `--set` overrides. `recorded`: the
-    config an experiment recorded, whose missing LEGACY_DEFAULTS keys keep their old value."""
+def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> ExperimentConfig:
+    """A YAML config (its `base:`, if any, first), then `--set` overrides."""
     data = _read_yaml(Path(path)) if path is not None else {}
-    if recorded:
-        data = _with_legacy_defaults(data)
     for item in overrides:
         _check_override_key(item)
     try:
@@ -425,8 +399,6 @@ def _check_override_key(item: str) -> None:
     key, sep, _ = item.partition("=")
     if not sep or not key:
         raise ConfigError(f"--set expects key.path=value, got {item!r}")
-    if key in REMOVED_KEYS or key in MOVED_KEYS:
-        return  # build_config says what became of it
     cls, walked = ExperimentConfig, []
     for part in key.split("."):
         if not dataclasses.is_dataclass(cls):
@@ -441,18 +413,6 @@ def _check_override_key(item: str) -> None:
             )
         cls = hints[part]
         walked.append(part)
-
-
-def _with_legacy_defaults(data: dict) -> dict:
-    data = copy.deepcopy(data)
-    for key, value in LEGACY_DEFAULTS.items():
-        *sections, name = key.split(".")
-        node = data
-        for section in sections:
-            node = node.get(section) if isinstance(node, dict) else None
-        if isinstance(node, dict) and name not in node:
-            node[name] = value
-    return data
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:

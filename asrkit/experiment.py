@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asrkit.config import LEGACY_DEFAULTS, ExperimentConfig, legacy_key_matters, load_config
+from asrkit.config import ExperimentConfig, load_config
 from asrkit.errors import InputError, UserError
 from asrkit.tokenizer import Tokenizer
 
@@ -66,32 +66,6 @@ def adopt_assets(config: ExperimentConfig, exp_dir: str | os.PathLike) -> Experi
     }
     data = dataclasses.replace(data, tokenizer=TOKENIZER_DIR, cmvn=cmvn, plan=plan, **shards)
     return dataclasses.replace(config, data=data)
-
-
-def check_resumable(config: ExperimentConfig, exp_dir: str | os.PathLike) -> None:
-    """Refuses to resume an experiment whose checkpoints were trained with another value
-    of a key whose default has changed since (LEGACY_DEFAULTS): its recorded config keeps
-    the old value, and a run with the new default would build another network."""
-    exp_dir = Path(exp_dir)
-    from asrkit.checkpoints import list_checkpoints
-
-    if not (exp_dir / CONFIG_FILE).is_file() or not list_checkpoints(exp_dir / "checkpoints"):
-        return
-    recorded = load_config(exp_dir / CONFIG_FILE, recorded=True)
-    for key in LEGACY_DEFAULTS:
-        was, now = _config_value(recorded, key), _config_value(config, key)
-        if was != now and legacy_key_matters(recorded, key):
-            raise ExperimentError(
-                f"{exp_dir}: its checkpoints were trained with {key}={was}, this run asks "
-                f"for {now}; resume with --set {key}={was}, or train into a new --exp-dir "
-                "(--init-from loads what fits)"
-            )
-
-
-def _config_value(config, key: str):
-    for name in key.split("."):
-        config = getattr(config, name)
-    return config
 
 
 def _adopt_tokenizer(source: Path, target: Path) -> None:
@@ -145,8 +119,25 @@ def load_experiment_config(
         raise FileNotFoundError(
             f"{exp_dir}: not an experiment directory (no {CONFIG_FILE}; made by asrkit train)"
         )
-    recorded = load_config(exp_dir / CONFIG_FILE, overrides, recorded=True)
+    _check_schema(exp_dir / CONFIG_FILE)
+    recorded = load_config(exp_dir / CONFIG_FILE, overrides)
     return resolve_assets(recorded, exp_dir)
+
+
+def _check_schema(path: Path) -> None:
+    """A recorded config states its schema version; one that does not was recorded by an
+    older asrkit, whose configs may mean other things."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ExperimentError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(data, dict) or "schema" not in data:
+        raise ExperimentError(
+            f"{path}: recorded by an older asrkit (no schema version); decode it with that "
+            "asrkit, or train anew (--init-from loads the weights that fit)"
+        )
 
 
 def resolve_assets(config: ExperimentConfig, exp_dir: str | os.PathLike) -> ExperimentConfig:

@@ -94,17 +94,3 @@ def test_the_streaming_librispeech_config_is_conformer_s_with_chunks():
     unchunked = dataclasses.replace(streaming.model.encoder, chunk_frames=0, left_chunks=-1)
     assert dataclasses.replace(streaming.model, encoder=unchunked) == plain.model
     assert streaming.train == plain.train and streaming.data == plain.data
-
-
-def test_a_recorded_config_without_a_newer_key_keeps_its_old_meaning(tmp_path):
-    """model.encoder.final_norm came with a new default ("none"); a config asrkit train
-    recorded before it existed still means the per-block norms it was trained with."""
-    text = dump_config(ExperimentConfig())
-    assert "final_norm: none" in text
-    old = write(tmp_path, text.replace("    final_norm: none\n", ""))
-    assert load_config(old).model.encoder.final_norm == "none"  # a recipe: today's default
-    assert load_config(old, recorded=True).model.encoder.final_norm == "block"
-    override = ["model.encoder.final_norm=encoder"]
-    assert load_config(old, override, recorded=True).model.encoder.final_norm == "encoder"
-    new = write(tmp_path, text)
-    assert load_config(new, recorded=True).model.encoder.final_norm == "none"

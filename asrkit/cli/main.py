@@ -12,6 +12,8 @@ import argparse
 import errno
 import logging
 import os
+import shutil
+import subprocess
 import sys
 import warnings
 
@@ -90,30 +92,49 @@ def _audio_notice(command: str) -> None:
         print(f"asrkit {command}: notice: {notice}", file=sys.stderr)
 
 
-def quiet_tensorflow(verbose: bool) -> None:
-    """Keeps TensorFlow's native logging off the terminal (unless `verbose`).
+# TensorFlow's native start-up chatter on descriptor 2: absl's info/warning/error lines
+# ("I0000 00:00:17... port.cc:153] oneDNN custom operations are on", "E0000 ...
+# cuda_platform.cc:52] failed call to cuInit") and absl's notice about early messages.
+# A fatal line ("F0000 ... Check failed") and anything else (an abort's message) pass.
+NATIVE_NOISE = (
+    r"^[IWE][0-9]{4} [0-9:. ]+[0-9]+ [A-Za-z0-9_./-]+:[0-9]+\] "
+    r"|^WARNING: All log messages before absl::InitializeLog\(\) is called"
+)
 
-    TF 2.21's native libraries log through absl whatever the log level (the "All log
-    messages before absl::InitializeLog()" notice at import, "failed call to cuInit" when the
-    devices are first listed, oneDNN notices at the first boolean op), straight to file
-    descriptor 2. So descriptor 2 is pointed at /dev/null for the whole process and Python's
-    `sys.stderr` (our errors, warnings, tracebacks) writes to a duplicate of the original.
-    TensorFlow's Python logger keeps errors only (e.g. no deprecation notices from the
-    TensorBoard event reader `asrkit plot` uses).
+
+def quiet_tensorflow(verbose: bool) -> None:
+    """Keeps TensorFlow's native start-up logging off the terminal (unless `verbose`),
+    without hiding a native crash.
+
+    TF 2.21's native libraries log through absl whatever the log level, straight to file
+    descriptor 2. So descriptor 2 is pointed into a pipe read by a `grep` child process that
+    drops those lines (`NATIVE_NOISE`) and passes everything else to the real stderr: the
+    child outlives a crashing process, so a CHECK failure or an abort still prints. Python's
+    `sys.stderr` (our errors, warnings, tracebacks) writes to the original stderr directly.
+    Without `grep` on the machine, descriptor 2 stays as it is.
     """
     if verbose or "tensorflow" in sys.modules:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.stderr.flush()
-    original = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
-    sys.stderr = os.fdopen(original, "w", buffering=1, encoding=sys.stderr.encoding,
-                           errors=sys.stderr.errors)  # fmt: skip
     # TensorFlow itself is imported only by the commands that need it, after they checked
     # their arguments; its Python logger (deprecation notices) keeps errors only.
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    grep = shutil.which("grep")
+    if grep is None:
+        return
+    sys.stderr.flush()
+    original = os.dup(2)
+    read_end, write_end = os.pipe()
+    subprocess.Popen(
+        [grep, "--line-buffered", "-v", "-E", NATIVE_NOISE],
+        stdin=read_end, stdout=original, stderr=subprocess.DEVNULL, close_fds=True,
+        start_new_session=True,  # a Ctrl-C for the command does not end the filter first
+    )  # fmt: skip
+    os.close(read_end)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    sys.stderr = os.fdopen(original, "w", buffering=1, encoding=sys.stderr.encoding,
+                           errors=sys.stderr.errors)  # fmt: skip
 
 
 _USER_OS_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,

@@ -24,15 +24,20 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
 from asrkit.tokenizer import BLANK_ID
+
+SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
 
 DEAD_SCORE = -1e9  # score of an empty beam slot; finite so that sums never make NaN
 _HASH_MODULUS = 2_147_483_647  # 2^31 - 1: hash · multiplier stays inside int64
 _HASH_MULTIPLIER = 1_000_003
 
 
-def beam_search(model, encoded, encoder_lengths, beam: int = 4, max_symbols_per_step: int = 1):
+def beam_search(
+    model, encoded, encoder_lengths, beam: int = 4, max_symbols_per_step: int = SYMBOLS
+):
     """encoded [B, T, D] -> `Found`: tokens/frames/token_log_probs [B, K, T·S], counts and
     scores [B, K].
 
@@ -65,7 +70,12 @@ def beam_start(model, batch, beam: int) -> Beams:
 
 
 def beam_continue(
-    model, encoded, encoder_lengths, beams: Beams, max_symbols_per_step: int = 1, first_frame=0
+    model,
+    encoded,
+    encoder_lengths,
+    beams: Beams,
+    max_symbols_per_step: int = SYMBOLS,
+    first_frame=0,
 ) -> Beams:
     """The search over `encoded` from `beams` (`beam_start`, or what an earlier call on the
     frames before returned). Token frames count from `first_frame`, so a stream searched

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
 from asrkit.tokenizer import BLANK_ID
 
+SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
 
-def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = 3):
+
+def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = SYMBOLS):
     """encoded [B, T, D] -> `Found` with tokens/frames/token_log_probs [B, T·S], counts [B],
     scores [B].
 
@@ -35,7 +38,7 @@ def greedy_start(model, batch):
 
 
 def greedy_continue(
-    model, encoded, encoder_lengths, carry, max_symbols_per_step: int = 3, first_frame=0
+    model, encoded, encoder_lengths, carry, max_symbols_per_step: int = SYMBOLS, first_frame=0
 ):
     """Greedy search over `encoded` from a carry (`greedy_start`, or what an earlier call on
     the frames before returned) -> (`Found`, the carry after these frames). Token frames

@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
+from asrkit.config import DecodeConfig
 from asrkit.decoding.beam import beam_search, live_slots
 from asrkit.decoding.found import Found
 from asrkit.decoding.greedy import greedy_search
+
+SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
 
 METHODS = ("greedy", "beam")
 
@@ -34,7 +37,7 @@ class Hypothesis:
 class DecodeOptions:
     method: str = "greedy"
     beam: int = 4  # hypotheses kept per utterance (beam search)
-    max_symbols_per_step: int = 3  # per encoder frame; beam with 1 = modified beam search
+    max_symbols_per_step: int = SYMBOLS  # per encoder frame; beam with 1 = modified beam search
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -94,14 +97,19 @@ def found_hypotheses(found: Found, tokenizer, limit: int | None = None) -> list[
 
 
 def greedy_decode(
-    model, features, feature_lengths, tokenizer=None, max_symbols_per_step: int = 3
+    model, features, feature_lengths, tokenizer=None, max_symbols_per_step: int = SYMBOLS
 ) -> list[Hypothesis]:
     options = DecodeOptions("greedy", max_symbols_per_step=max_symbols_per_step)
     return decode_batch(model, features, feature_lengths, tokenizer, options)
 
 
 def beam_decode(
-    model, features, feature_lengths, tokenizer=None, beam: int = 4, max_symbols_per_step: int = 1
+    model,
+    features,
+    feature_lengths,
+    tokenizer=None,
+    beam: int = 4,
+    max_symbols_per_step: int = SYMBOLS,
 ) -> list[Hypothesis]:
     options = DecodeOptions("beam", beam, max_symbols_per_step)
     return decode_batch(model, features, feature_lengths, tokenizer, options)

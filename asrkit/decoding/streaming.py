@@ -23,12 +23,14 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from asrkit.config import FeatureConfig
+from asrkit.config import DecodeConfig, FeatureConfig
 from asrkit.decoding.beam import Beams, beam_continue, beam_found, beam_start
 from asrkit.decoding.greedy import greedy_continue, greedy_start
 from asrkit.decoding.words import SUBSAMPLING
 from asrkit.errors import UserError
 from asrkit.features import encoder_frames, log_mel, num_frames
+
+SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
 
 
 class StreamState(NamedTuple):
@@ -56,7 +58,7 @@ class StreamingDecoder:
     `beam` 1 searches greedily; more keeps that many hypotheses (modified beam search)."""
 
     def __init__(self, network, features: FeatureConfig, normalize=None,
-                 max_symbols_per_step: int = 3, beam: int = 1):  # fmt: skip
+                 max_symbols_per_step: int = SYMBOLS, beam: int = 1):  # fmt: skip
         if not getattr(network.encoder, "streams", False):
             raise UserError(
                 "streaming needs an encoder that streams: model.encoder.kind=lstm, or a "

@@ -43,6 +43,10 @@ from asrkit.models.layers import (
 )
 from asrkit.models.subsampling import ConvSubsampling, subsample_piece
 
+# What a convolution module sees: its centred kernel (full context), the kernel_size - 1
+# frames before (causal), or its centred kernel up to the end of the frame's chunk.
+MODULE_CONTEXTS = ("full", "causal", "chunk")
+
 
 def rotary(x: tf.Tensor, offset=0) -> tf.Tensor:
     """Rotary position embedding on [B, T, H, Dh] (positions offset..offset+T-1, Dh even)."""
@@ -88,7 +92,7 @@ def _seed(seed):
 
 @keras.saving.register_keras_serializable(package="asrkit")
 class RotarySelfAttention(CompositeLayer):
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, **kwargs):
+    def __init__(self, *, d_model: int, num_heads: int, dropout: float, **kwargs):
         super().__init__(**kwargs)
         if d_model % num_heads or (d_model // num_heads) % 2:
             raise ValueError(f"d_model={d_model} must split into {num_heads} even-sized heads")
@@ -140,7 +144,7 @@ class RotarySelfAttention(CompositeLayer):
 
 @keras.saving.register_keras_serializable(package="asrkit")
 class FeedForward(CompositeLayer):
-    def __init__(self, d_model: int, expansion: int = 4, dropout: float = 0.0, **kwargs):
+    def __init__(self, *, d_model: int, dropout: float, expansion: int = 4, **kwargs):
         super().__init__(**kwargs)
         self.d_model, self.expansion, self.dropout = d_model, expansion, dropout
         self.norm = keras.layers.LayerNormalization()
@@ -166,29 +170,30 @@ class ConvolutionModule(CompositeLayer):
     """Pre-norm, pointwise + GLU, depthwise convolution over time, norm, swish, pointwise.
 
     The depthwise convolution sees `kernel_size` frames centred on each frame, unless
-    `causal` (the `kernel_size - 1` frames before and the frame itself) or `chunked` (the
-    centred frames up to the end of the frame's chunk: the chunk's own look-ahead, which a
-    streaming encoder waits for anyway, and never a later chunk; `call` takes the chunk size).
+    `context` is "causal" (the `kernel_size - 1` frames before and the frame itself) or
+    "chunk" (the centred frames up to the end of the frame's chunk: the chunk's own
+    look-ahead, which a streaming encoder waits for anyway, and never a later chunk; `call`
+    takes the chunk size).
     """
 
     def __init__(
-        self, d_model: int, kernel_size: int = 15, norm: str = "layer", dropout=0.0,
-        causal: bool = False, chunked: bool = False, **kwargs,
+        self, *, d_model: int, kernel_size: int, norm: str, dropout: float, context: str,
+        **kwargs,
     ):  # fmt: skip
         super().__init__(**kwargs)
         if norm not in CONV_NORMS:
             raise ValueError(f"norm must be one of {CONV_NORMS}, got {norm!r}")
-        if causal and chunked:
-            raise ValueError("a convolution module is causal or chunked, not both")
+        if context not in MODULE_CONTEXTS:
+            raise ValueError(f"context must be one of {MODULE_CONTEXTS}, got {context!r}")
         self.d_model, self.kernel_size, self.norm_type, self.dropout = (
             d_model, kernel_size, norm, dropout,
         )  # fmt: skip
-        self.causal, self.chunked = causal, chunked
+        self.context = context
         self.pre_norm = keras.layers.LayerNormalization()
         self.pointwise_in = keras.layers.Dense(2 * d_model)
         # Causal: the kernel_size - 1 frames before are padded by hand (same weights).
         self.depthwise = keras.layers.DepthwiseConv1D(
-            kernel_size, padding="valid" if causal else "same"
+            kernel_size, padding="valid" if self.causal else "same"
         )
         self.norm = keras.layers.LayerNormalization() if norm == "layer" else BatchNorm()
         self.pointwise_out = keras.layers.Dense(d_model)
@@ -262,36 +267,43 @@ class ConvolutionModule(CompositeLayer):
             "kernel_size": self.kernel_size,
             "norm": self.norm_type,
             "dropout": self.dropout,
-            "causal": self.causal,
-            "chunked": self.chunked,
+            "context": self.context,
         }
+
+    @property
+    def causal(self) -> bool:
+        return self.context == "causal"
+
+    @property
+    def chunked(self) -> bool:
+        return self.context == "chunk"
 
 
 @keras.saving.register_keras_serializable(package="asrkit")
 class ConformerBlock(CompositeLayer):
     def __init__(
         self,
+        *,
         d_model: int,
         num_heads: int,
-        kernel_size: int = 15,
-        dropout: float = 0.1,
-        conv_norm: str = "layer",
-        causal: bool = False,
-        out_norm: bool = True,
-        chunked: bool = False,
+        kernel_size: int,
+        dropout: float,
+        conv_norm: str,
+        conv_context: str,
+        out_norm: bool,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.d_model, self.num_heads, self.kernel_size = d_model, num_heads, kernel_size
-        self.dropout, self.conv_norm, self.causal = dropout, conv_norm, causal
-        self.chunked = chunked
-        self.ff1 = FeedForward(d_model, dropout=dropout)
+        self.dropout, self.conv_norm, self.conv_context = dropout, conv_norm, conv_context
+        self.ff1 = FeedForward(d_model=d_model, dropout=dropout)
         self.attn_norm = keras.layers.LayerNormalization()
-        self.attention = RotarySelfAttention(d_model, num_heads, dropout)
+        self.attention = RotarySelfAttention(d_model=d_model, num_heads=num_heads, dropout=dropout)
         self.conv = ConvolutionModule(
-            d_model, kernel_size, conv_norm, dropout, causal=causal, chunked=chunked
-        )
-        self.ff2 = FeedForward(d_model, dropout=dropout)
+            d_model=d_model, kernel_size=kernel_size, norm=conv_norm, dropout=dropout,
+            context=conv_context,
+        )  # fmt: skip
+        self.ff2 = FeedForward(d_model=d_model, dropout=dropout)
         # The Conformer paper's LayerNorm at the end of every block (see ConformerEncoder).
         self.out_norm = keras.layers.LayerNormalization() if out_norm else None
 
@@ -336,9 +348,8 @@ class ConformerBlock(CompositeLayer):
             "kernel_size": self.kernel_size,
             "dropout": self.dropout,
             "conv_norm": self.conv_norm,
-            "causal": self.causal,
+            "conv_context": self.conv_context,
             "out_norm": self.out_norm is not None,
-            "chunked": self.chunked,
         }
 
 
@@ -348,19 +359,20 @@ class ConformerEncoder(CompositeLayer):
 
     def __init__(
         self,
-        d_model: int = 144,
-        num_blocks: int = 16,
-        num_heads: int = 4,
-        kernel_size: int = 31,
-        dropout: float = 0.1,
-        conv_norm: str = "layer",
-        subsampling_filters: int = 144,
+        *,
+        d_model: int,
+        num_blocks: int,
+        num_heads: int,
+        kernel_size: int,
+        dropout: float,
+        conv_norm: str,
+        subsampling_filters: int,
+        final_norm: str,
         recompute: bool = False,
         chunk_frames: int = 0,
         left_chunks: int = -1,
         dynamic_chunks: int = 0,
-        final_norm: str = "block",
-        conv_context: str = "causal",
+        conv_context: str = "chunk",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -374,15 +386,18 @@ class ConformerEncoder(CompositeLayer):
         self.chunk_frames, self.left_chunks = chunk_frames, left_chunks
         self.dynamic_chunks, self.final_norm = dynamic_chunks, final_norm
         self.conv_context = conv_context
-        self.subsampling = ConvSubsampling(subsampling_filters, d_model)
+        self.subsampling = ConvSubsampling(filters=subsampling_filters, output_dim=d_model)
         self.seeds = keras.random.SeedGenerator()
         streaming = chunk_frames > 0 or dynamic_chunks > 0
-        causal = streaming and conv_context == "causal"
-        chunked = streaming and conv_context == "chunk"
-        per_block = final_norm == "block"
         self.blocks = [
             ConformerBlock(
-                d_model, num_heads, kernel_size, dropout, conv_norm, causal, per_block, chunked
+                d_model=d_model,
+                num_heads=num_heads,
+                kernel_size=kernel_size,
+                dropout=dropout,
+                conv_norm=conv_norm,
+                conv_context=conv_context if streaming else "full",
+                out_norm=final_norm == "block",
             )
             for _ in range(num_blocks)
         ]

@@ -10,7 +10,7 @@ from asrkit.models.layers import CompositeLayer
 
 @keras.saving.register_keras_serializable(package="asrkit")
 class Joint(CompositeLayer):
-    def __init__(self, vocab_size: int, dim: int = 320, **kwargs):
+    def __init__(self, *, vocab_size: int, dim: int, **kwargs):
         super().__init__(**kwargs)
         self.vocab_size, self.dim = vocab_size, dim
         self.encoder_proj = keras.layers.Dense(dim, name="encoder_proj")
@@ -42,7 +42,7 @@ class SimpleJoiner(CompositeLayer):
     """The pruned RNN-T loss's trivial joiner: encoder and predictor outputs each projected
     straight to V (logits = am[t] + lm[u]); used only by that training loss."""
 
-    def __init__(self, vocab_size: int, **kwargs):
+    def __init__(self, *, vocab_size: int, **kwargs):
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         self.am_proj = keras.layers.Dense(vocab_size, name="am_proj")

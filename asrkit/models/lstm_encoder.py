@@ -25,17 +25,18 @@ class LSTMEncoder(CompositeLayer):
 
     def __init__(
         self,
-        units: int = 320,
-        num_layers: int = 2,
-        dropout: float = 0.1,
-        subsampling_filters: int = 64,
+        *,
+        units: int,
+        num_layers: int,
+        dropout: float,
+        subsampling_filters: int,
         recompute: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.units, self.num_layers, self.dropout = units, num_layers, dropout
         self.subsampling_filters, self.recompute = subsampling_filters, recompute
-        self.subsampling = ConvSubsampling(subsampling_filters, units)
+        self.subsampling = ConvSubsampling(filters=subsampling_filters, output_dim=units)
         self.lstms = [keras.layers.LSTM(units, return_sequences=True) for _ in range(num_layers)]
         self.norms = [keras.layers.LayerNormalization() for _ in range(num_layers)]
         self.seeds = keras.random.SeedGenerator()

@@ -25,11 +25,12 @@ from asrkit.tokenizer import BLANK_ID
 class LSTMPredictor(CompositeLayer):
     def __init__(
         self,
+        *,
         vocab_size: int,
-        embed_dim: int = 128,
-        units: int = 320,
-        num_layers: int = 1,
-        dropout: float = 0.1,
+        embed_dim: int,
+        units: int,
+        num_layers: int,
+        dropout: float,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -85,11 +86,12 @@ class StatelessPredictor(CompositeLayer):
 
     def __init__(
         self,
+        *,
         vocab_size: int,
-        embed_dim: int = 128,
-        units: int = 320,
-        context_size: int = 2,
-        dropout: float = 0.1,
+        embed_dim: int,
+        units: int,
+        context_size: int,
+        dropout: float,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -140,10 +142,10 @@ def build_predictor(vocab_size: int, config) -> keras.layers.Layer:
     """The predictor a `PredictorConfig` describes."""
     if config.kind == "stateless":
         return StatelessPredictor(
-            vocab_size, config.embed_dim, config.units, config.context_size, config.dropout,
-            name="predictor",
+            vocab_size=vocab_size, embed_dim=config.embed_dim, units=config.units,
+            context_size=config.context_size, dropout=config.dropout, name="predictor",
         )  # fmt: skip
     return LSTMPredictor(
-        vocab_size, config.embed_dim, config.units, config.num_layers, config.dropout,
-        name="predictor",
+        vocab_size=vocab_size, embed_dim=config.embed_dim, units=config.units,
+        num_layers=config.num_layers, dropout=config.dropout, name="predictor",
     )  # fmt: skip

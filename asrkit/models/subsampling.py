@@ -18,7 +18,7 @@ from asrkit.models.layers import CompositeLayer, zero_padding
 class ConvSubsampling(CompositeLayer):
     """[B, T, F] features -> [B, T', D] with T' = encoder_frames(T)."""
 
-    def __init__(self, filters: int = 144, output_dim: int = 144, **kwargs):
+    def __init__(self, *, filters: int, output_dim: int, **kwargs):
         super().__init__(**kwargs)
         self.filters = filters
         self.output_dim = output_dim

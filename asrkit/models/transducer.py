@@ -3,7 +3,7 @@
 Like a keras-hub Backbone, it knows nothing of losses or optimizers: decoding, export and
 fine-tuning build and load it alone. Training wraps it in `asrkit.training.task.
 TransducerTask`, which owns the loss and the accumulation engine. Decoders use only
-`encode`, `predict`/`predictor.step` and `join`.
+`encode`, `predict_labels`/`predictor.step` and `join`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ from asrkit.models.predictor import build_predictor
 def build_encoder(config: EncoderConfig):
     if config.kind == "lstm":
         return LSTMEncoder(
-            config.lstm_units, config.lstm_layers, config.dropout, config.subsampling_filters,
-            recompute=config.recompute, name="encoder",
+            units=config.lstm_units, num_layers=config.lstm_layers, dropout=config.dropout,
+            subsampling_filters=config.subsampling_filters, recompute=config.recompute,
+            name="encoder",
         )  # fmt: skip
     return ConformerEncoder(
-        config.d_model, config.num_blocks, config.num_heads, config.kernel_size, config.dropout,
-        config.conv_norm, config.subsampling_filters, recompute=config.recompute,
+        d_model=config.d_model, num_blocks=config.num_blocks, num_heads=config.num_heads,
+        kernel_size=config.kernel_size, dropout=config.dropout, conv_norm=config.conv_norm,
+        subsampling_filters=config.subsampling_filters, recompute=config.recompute,
         chunk_frames=config.chunk_frames, left_chunks=config.left_chunks,
         dynamic_chunks=config.dynamic_chunks, final_norm=config.final_norm,
         conv_context=config.conv_context, name="encoder",
@@ -46,9 +48,11 @@ class Transducer(keras.Model):
         self.vocab_size, self.config = int(vocab_size), config
         self.encoder = build_encoder(config.encoder)
         self.predictor = build_predictor(vocab_size, config.predictor)
-        self.joint = Joint(vocab_size, config.joint_dim, name="joint")
+        self.joint = Joint(vocab_size=vocab_size, dim=config.joint_dim, name="joint")
         # Only the pruned loss trains (and so the network carries) the trivial joiner.
-        self.simple = SimpleJoiner(vocab_size, name="simple") if config.loss == "pruned" else None
+        self.simple = (
+            SimpleJoiner(vocab_size=vocab_size, name="simple") if config.loss == "pruned" else None
+        )
         # Only an auxiliary CTC loss trains (and so the network carries) a CTC head.
         self.ctc_head = (
             keras.layers.Dense(vocab_size, name="ctc_head") if config.ctc_weight > 0 else None
@@ -65,8 +69,9 @@ class Transducer(keras.Model):
             return self.encoder(features, feature_lengths, training=training)
         return self.encoder(features, feature_lengths, training=training, chunk_frames=chunk_frames)
 
-    def predict(self, labels, training=False):
-        """labels [B, U] -> predictor states [B, U+1, D]."""
+    def predict_labels(self, labels, training=False):
+        """labels [B, U] -> predictor states [B, U+1, D]. (Not `predict`: that is
+        keras.Model's batch inference loop, which this model does not use.)"""
         return self.predictor(labels, training=training)
 
     def join(self, encoded, predicted):
@@ -75,7 +80,7 @@ class Transducer(keras.Model):
     def call(self, batch, training=False):
         """logits [B, T', U+1, V] for (features, feature_lengths, labels, ...)."""
         encoded, _ = self.encode(batch[0], batch[1], training=training)
-        return self.join(encoded, self.predict(batch[2], training=training))
+        return self.join(encoded, self.predict_labels(batch[2], training=training))
 
     def build_from_features(self, num_mel_bins: int) -> None:
         """Creates every variable with one tiny forward pass (no optimizer involved)."""
@@ -83,7 +88,7 @@ class Transducer(keras.Model):
             return
         batch = dummy_batch(num_mel_bins)
         encoded, _ = self.encode(batch[0], batch[1])
-        predicted = self.predict(batch[2])
+        predicted = self.predict_labels(batch[2])
         self.join(encoded, predicted)
         if self.simple is not None:
             self.simple(encoded, predicted)

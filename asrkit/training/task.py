@@ -49,7 +49,7 @@ class TransducerTask(AccumulatingModel):
         encoded, encoder_lengths = network.encode(
             features, feature_lengths, training=training, chunk_frames=chunk
         )
-        predicted = network.predict(labels, training=training)
+        predicted = network.predict_labels(labels, training=training)
         if config.loss == "pruned":
             losses = self._pruned_losses(encoded, predicted, labels, encoder_lengths, label_lengths)
         elif config.fused_joint_loss:

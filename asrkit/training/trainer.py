@@ -64,7 +64,7 @@ from asrkit.data.records import check_shards, shard_files
 from asrkit.decoding.runner import decode_shards
 from asrkit.decoding.search import DecodeOptions
 from asrkit.errors import UserError
-from asrkit.experiment import CONFIG_FILE, adopt_assets, check_resumable, resolve_assets
+from asrkit.experiment import CONFIG_FILE, adopt_assets, resolve_assets
 from asrkit.features import normalizer_for
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import Tokenizer
@@ -215,7 +215,6 @@ def _open_run(config: ExperimentConfig, exp_dir: Path, strategy, log) -> _Run:
     save_dir.mkdir(parents=True, exist_ok=True)
     recorded = config
     if chief:
-        check_resumable(config, exp_dir)
         recorded = adopt_assets(config, exp_dir)
         config = resolve_assets(recorded, exp_dir)
     else:

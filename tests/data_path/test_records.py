@@ -69,7 +69,7 @@ def test_shards_made_before_fingerprints_are_refused(corpus, tmp_path):
     _, manifest, tok = corpus
     write_shards(manifest, tok, tmp_path / "old", num_shards=1, show_progress=False)
     (tmp_path / "old" / "shards.json").write_text(json.dumps({"speeds": [1.0]}))
-    with pytest.raises(ShardMismatch, match=r"asrkit 0\.1.*features extract"):
+    with pytest.raises(ShardMismatch, match=r"an older asrkit.*features extract"):
         check_shards(tmp_path / "old", _config(), tok)
 
 
@@ -98,7 +98,7 @@ def test_references_are_the_stored_transcripts_not_token_ids(corpus, tmp_path):
         ("train.learning_rate=-1", "train.learning_rate must be > 0"),
         ("model.encoder.dropout=1.5", r"model.encoder.dropout must be in \[0, 1\)"),
         ("decode.max_symbols_per_step=0", "decode.max_symbols_per_step must be >= 1"),
-        ("train.max_symbols_per_step=2", "now 'decode.max_symbols_per_step'"),
+        ("train.max_symbol=2", "unknown key 'max_symbol' in section 'train'"),
     ],
 )
 def test_config_values_are_range_checked_with_the_key_named(override, message):

@@ -183,7 +183,7 @@ def _fit_to_the_real_clips(work: Path, steps: int = 300):
     def step(features, feature_lengths):
         with tf.GradientTape() as tape:
             encoded, lengths = network.encode(features, feature_lengths, training=True)
-            logits = network.join(encoded, network.predict(label_array, training=True))
+            logits = network.join(encoded, network.predict_labels(label_array, training=True))
             losses = rnnt_loss(logits, label_array, lengths, label_lengths)
             loss = tf.reduce_sum(losses) / tf.cast(tf.reduce_sum(label_lengths), tf.float32)
         grads = tape.gradient(loss, network.trainable_variables)

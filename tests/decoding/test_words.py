@@ -94,7 +94,7 @@ def test_a_token_time_is_the_centre_of_its_encoder_frame_audio():
     4t .. 4t+6 (gradients), feature frame i on samples [i·hop, i·hop + window); the clock
     puts frame t at the centre of those samples."""
     features = FeatureConfig()
-    layer = ConvSubsampling(8, 16)
+    layer = ConvSubsampling(filters=8, output_dim=16)
     x = tf.random.normal([1, 40, features.num_mel_bins])
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(x)

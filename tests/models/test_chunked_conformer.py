@@ -38,6 +38,7 @@ def test_a_frame_never_depends_on_later_chunks(left, final_norm, conv):
     keras.utils.set_random_seed(3)
     encoder = ConformerEncoder(d_model=16, num_blocks=2, num_heads=2, kernel_size=5,
                                dropout=0.0, subsampling_filters=8, chunk_frames=3,
+                               conv_norm="layer",
                                left_chunks=left, final_norm=final_norm,
                                conv_context=conv)  # fmt: skip
     rng = np.random.default_rng(0)
@@ -54,7 +55,8 @@ def test_a_frame_never_depends_on_later_chunks(left, final_norm, conv):
         np.testing.assert_allclose(out[:, :boundary], base[:, :boundary], atol=1e-5)
         assert not np.allclose(out[:, boundary:frames], base[:, boundary:frames], atol=1e-3)
     full = ConformerEncoder(d_model=16, num_blocks=2, num_heads=2, kernel_size=5, dropout=0.0,
-                            subsampling_filters=8, final_norm=final_norm)  # fmt: skip
+                            subsampling_filters=8, final_norm=final_norm,
+                            conv_norm="layer")  # fmt: skip
     full(features, lengths)
     full.set_weights(encoder.get_weights())  # same weights, full context: the past changes
     changed = features.copy()
@@ -83,7 +85,8 @@ def test_a_call_with_a_chunk_size_equals_an_encoder_built_with_it(chunk, conv):
     convolution stays causal either way, a chunked one follows the chunk."""
     keras.utils.set_random_seed(4)
     kwargs = dict(d_model=16, num_blocks=2, num_heads=2, kernel_size=5, dropout=0.0,
-                  subsampling_filters=8, conv_context=conv)  # fmt: skip
+                  subsampling_filters=8, conv_context=conv, conv_norm="layer",
+                  final_norm="block")  # fmt: skip
     dynamic = ConformerEncoder(**kwargs, chunk_frames=4, dynamic_chunks=8)
     fixed = ConformerEncoder(**kwargs, chunk_frames=chunk or 10_000)
     rng = np.random.default_rng(1)
@@ -110,7 +113,7 @@ def test_the_final_norm_is_a_layer_norm_of_the_unnormalised_sum(final_norm):
     real frames, with the norm's (random) scale and offset; padded frames stay 0."""
     keras.utils.set_random_seed(6)
     kwargs = dict(d_model=16, num_blocks=1, num_heads=2, kernel_size=5, dropout=0.0,
-                  subsampling_filters=8)  # fmt: skip
+                  subsampling_filters=8, conv_norm="layer")  # fmt: skip
     bare, normed = (
         ConformerEncoder(**kwargs, final_norm="none"),
         ConformerEncoder(**kwargs, final_norm=final_norm),
@@ -141,7 +144,7 @@ def test_the_final_norm_is_a_layer_norm_of_the_unnormalised_sum(final_norm):
 
 def test_final_norm_must_be_known():
     with pytest.raises(ValueError, match="final_norm"):
-        ConformerEncoder(d_model=16, num_blocks=1, num_heads=2, final_norm="post")
+        ConformerEncoder(**TINY, final_norm="post")
 
 
 def _numpy_chunked_depthwise(h, kernel, bias, chunk):
@@ -166,7 +169,8 @@ def test_the_chunked_convolution_sees_its_kernel_up_to_its_chunks_end(size, chun
     rng = np.random.default_rng(size)
     x = rng.standard_normal((2, 19, 8)).astype(np.float32)
     lengths = np.array([19, 13])
-    module = ConvolutionModule(8, size, chunked=True)
+    module = ConvolutionModule(d_model=8, kernel_size=size, norm="layer", dropout=0.0,
+                               context="chunk")  # fmt: skip
     module(x, lengths, chunk=chunk)  # builds it
     module.depthwise.bias.assign(rng.standard_normal(8).astype(np.float32))
     got = module(x, lengths, chunk=chunk).numpy()
@@ -176,7 +180,8 @@ def test_the_chunked_convolution_sees_its_kernel_up_to_its_chunks_end(size, chun
     want = module._finish(tf.constant(depthwise), False, None).numpy()
     np.testing.assert_allclose(got, want, atol=1e-5)
     # A chunk longer than the utterance: the plain centred convolution, same weights.
-    plain = ConvolutionModule(8, size)
+    plain = ConvolutionModule(d_model=8, kernel_size=size, norm="layer", dropout=0.0,
+                              context="full")  # fmt: skip
     plain(x, lengths)
     plain.set_weights(module.get_weights())
     np.testing.assert_allclose(
@@ -186,8 +191,12 @@ def test_the_chunked_convolution_sees_its_kernel_up_to_its_chunks_end(size, chun
         assert not np.allclose(got, plain(x, lengths).numpy(), atol=1e-3)
 
 
-def test_a_module_is_causal_or_chunked():
-    with pytest.raises(ValueError, match="causal or chunked"):
-        ConvolutionModule(8, 5, causal=True, chunked=True)
+TINY = dict(d_model=16, num_blocks=1, num_heads=2, kernel_size=5, dropout=0.0,
+            subsampling_filters=8, conv_norm="layer")  # fmt: skip
+
+
+def test_a_module_context_and_an_encoder_conv_context_must_be_known():
+    with pytest.raises(ValueError, match="context must be one of"):
+        ConvolutionModule(d_model=8, kernel_size=5, norm="layer", dropout=0.0, context="both")
     with pytest.raises(ValueError, match="conv_context"):
-        ConformerEncoder(d_model=16, num_blocks=1, num_heads=2, conv_context="future")
+        ConformerEncoder(**TINY, final_norm="none", conv_context="future")

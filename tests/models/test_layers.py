@@ -28,29 +28,65 @@ FEATS = RNG.standard_normal((2, 40, 20)).astype(np.float32)
 FEAT_LENGTHS = np.array([40, 29], np.int32)
 LABELS = np.array([[3, 4, 5], [6, 7, 0]], np.int32)
 
+CONFORMER = dict(d_model=16, num_blocks=2, num_heads=2, kernel_size=5, conv_norm="layer",
+                 subsampling_filters=8)  # fmt: skip
+
 # (factory, call) pairs: call(layer) -> a tensor
 LAYERS = {
-    "feed_forward": (lambda: FeedForward(16, dropout=0.1), lambda m: m(X)),
-    "attention": (lambda: RotarySelfAttention(16, 2), lambda m: m(X, tf.sequence_mask(LENGTHS, 9))),
-    "conv_module": (lambda: ConvolutionModule(16, 5), lambda m: m(X, LENGTHS)),
-    "conformer_block": (lambda: ConformerBlock(16, 2, 5), lambda m: m(X, LENGTHS)),
-    "subsampling": (lambda: ConvSubsampling(8, 16), lambda m: m(FEATS, FEAT_LENGTHS)[0]),
+    "feed_forward": (lambda: FeedForward(d_model=16, dropout=0.1), lambda m: m(X)),
+    "attention": (
+        lambda: RotarySelfAttention(d_model=16, num_heads=2, dropout=0.0),
+        lambda m: m(X, tf.sequence_mask(LENGTHS, 9)),
+    ),
+    "conv_module": (
+        lambda: ConvolutionModule(
+            d_model=16, kernel_size=5, norm="layer", dropout=0.0, context="full"
+        ),
+        lambda m: m(X, LENGTHS),
+    ),
+    "conformer_block": (
+        lambda: ConformerBlock(
+            d_model=16,
+            num_heads=2,
+            kernel_size=5,
+            dropout=0.1,
+            conv_norm="layer",
+            conv_context="full",
+            out_norm=True,
+        ),
+        lambda m: m(X, LENGTHS),
+    ),
+    "subsampling": (
+        lambda: ConvSubsampling(filters=8, output_dim=16),
+        lambda m: m(FEATS, FEAT_LENGTHS)[0],
+    ),
     "conformer": (
-        lambda: ConformerEncoder(16, 2, 2, 5, 0.1, "layer", 8),
+        lambda: ConformerEncoder(**CONFORMER, dropout=0.1, final_norm="block"),
         lambda m: m(FEATS, FEAT_LENGTHS)[0],
     ),
     "conformer_encoder_norm": (
-        lambda: ConformerEncoder(16, 2, 2, 5, 0.1, "layer", 8, final_norm="encoder"),
+        lambda: ConformerEncoder(**CONFORMER, dropout=0.1, final_norm="encoder"),
         lambda m: m(FEATS, FEAT_LENGTHS)[0],
     ),
     "conformer_no_final_norm": (
-        lambda: ConformerEncoder(16, 2, 2, 5, 0.1, "layer", 8, final_norm="none"),
+        lambda: ConformerEncoder(**CONFORMER, dropout=0.1, final_norm="none"),
         lambda m: m(FEATS, FEAT_LENGTHS)[0],
     ),
-    "lstm_encoder": (lambda: LSTMEncoder(16, 2, 0.1, 8), lambda m: m(FEATS, FEAT_LENGTHS)[0]),
-    "predictor": (lambda: LSTMPredictor(10, 8, 16), lambda m: m(LABELS)),
-    "stateless_predictor": (lambda: StatelessPredictor(10, 8, 16, 3), lambda m: m(LABELS)),
-    "joint": (lambda: Joint(10, 12), lambda m: m(X, X[:, :4])),
+    "lstm_encoder": (
+        lambda: LSTMEncoder(units=16, num_layers=2, dropout=0.1, subsampling_filters=8),
+        lambda m: m(FEATS, FEAT_LENGTHS)[0],
+    ),
+    "predictor": (
+        lambda: LSTMPredictor(vocab_size=10, embed_dim=8, units=16, num_layers=1, dropout=0.1),
+        lambda m: m(LABELS),
+    ),
+    "stateless_predictor": (
+        lambda: StatelessPredictor(
+            vocab_size=10, embed_dim=8, units=16, context_size=3, dropout=0.1
+        ),
+        lambda m: m(LABELS),
+    ),
+    "joint": (lambda: Joint(vocab_size=10, dim=12), lambda m: m(X, X[:, :4])),
 }
 
 
@@ -86,11 +122,11 @@ def test_layer_runs_in_mixed_float16(name):
 
 
 ENCODERS = {
-    "conformer": lambda: ConformerEncoder(16, 2, 2, 5, 0.0, "layer", 8),
+    "conformer": lambda: ConformerEncoder(**CONFORMER, dropout=0.0, final_norm="block"),
     "chunked conformer": lambda: ConformerEncoder(
-        16, 2, 2, 5, 0.0, "layer", 8, chunk_frames=2, left_chunks=1
+        **CONFORMER, dropout=0.0, final_norm="block", chunk_frames=2, left_chunks=1
     ),
-    "lstm": lambda: LSTMEncoder(16, 2, 0.0, 8),
+    "lstm": lambda: LSTMEncoder(units=16, num_layers=2, dropout=0.0, subsampling_filters=8),
 }
 
 

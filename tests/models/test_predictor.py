@@ -28,7 +28,9 @@ def numpy_stateless(predictor: StatelessPredictor, labels: np.ndarray) -> np.nda
 
 @pytest.mark.parametrize("context", [1, 2, 3])
 def test_stateless_predictor_is_its_definition(context):
-    predictor = StatelessPredictor(10, 4, 6, context, dropout=0.0)
+    predictor = StatelessPredictor(
+        vocab_size=10, embed_dim=4, units=6, context_size=context, dropout=0.0
+    )
     out = predictor(LABELS).numpy()
     np.testing.assert_allclose(out, numpy_stateless(predictor, LABELS), atol=1e-5)
     # Only the last `context` labels matter: changing an older one changes nothing after.
@@ -40,8 +42,8 @@ def test_stateless_predictor_is_its_definition(context):
 
 @pytest.mark.parametrize(
     "factory",
-    [lambda: LSTMPredictor(10, 4, 6, num_layers=2, dropout=0.0),
-     lambda: StatelessPredictor(10, 4, 6, 2, dropout=0.0)],
+    [lambda: LSTMPredictor(vocab_size=10, embed_dim=4, units=6, num_layers=2, dropout=0.0),
+     lambda: StatelessPredictor(vocab_size=10, embed_dim=4, units=6, context_size=2, dropout=0.0)],
     ids=["lstm", "stateless"],
 )  # fmt: skip
 def test_stepping_one_label_at_a_time_equals_the_training_call(factory):
