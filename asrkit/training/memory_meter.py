@@ -132,7 +132,9 @@ def _serve(config_path: str, vocab_size: int, device: str, memory_limit: int) ->
         task = build_task(config, vocab_size, steps=2)
         example = fabricated_batch(1, 16, 1, config.features.num_mel_bins)
         task.build_engine(example)
-        step = forward_backward(task, jit_compile=config.train.jit_compile)
+        step = forward_backward(
+            task, jit_compile=config.train.jit_compile, num_mel_bins=config.features.num_mel_bins
+        )
         baseline = tf.config.experimental.get_memory_info(device)["current"]
         _reply({"baseline": baseline})
         for line in sys.stdin:

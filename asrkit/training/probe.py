@@ -68,10 +68,22 @@ def fabricated_batch(utterances: int, frames: int, tokens: int, num_mel_bins: in
     )
 
 
-def forward_backward(model, jit_compile: bool = False):
-    """A compiled forward + backward pass of the training loss (what a micro-step holds)."""
+def forward_backward(model, jit_compile: bool = False, num_mel_bins: int | None = None):
+    """A compiled forward + backward pass of the training loss (what a micro-step holds).
 
-    @tf.function(jit_compile=jit_compile)
+    Without XLA it is traced once for any batch shape (`num_mel_bins` given), as the
+    training step is for its dataset's padded batches, so measuring many shapes costs one
+    trace; XLA compiles per shape anyway."""
+    signature = None
+    if num_mel_bins and not jit_compile:
+        signature = [(
+            tf.TensorSpec([None, None, num_mel_bins], tf.float32),
+            tf.TensorSpec([None], tf.int32),
+            tf.TensorSpec([None, None], tf.int32),
+            tf.TensorSpec([None], tf.int32),
+        )]  # fmt: skip
+
+    @tf.function(jit_compile=jit_compile, input_signature=signature)
     def step(batch):
         with tf.GradientTape() as tape:
             loss_sum, _ = model.compute_loss_terms(batch, training=True)
