@@ -40,6 +40,7 @@ from asrkit.config import SCHEMA_VERSION
 from asrkit.errors import UserError
 
 CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)$")
+HEADS_PREFIX = "loss_heads."  # a training task's loss heads, saved beside the network
 FILES_RECORD = "files.json"  # {file name: {"bytes": n, "sha256": hex}} of the others
 _WEIGHT_KEY = re.compile(r"^weights/(.+)/\.ATTRIBUTES/VARIABLE_VALUE$")
 # Keras' own bookkeeping attributes of a layer: lists and trackers that hold the same
@@ -185,13 +186,13 @@ class CheckpointManager:
         found = self.checkpoints()
         return found[-1] if found else None
 
-    def save(self, network, state: TrainState, optimizer=None) -> Path:
+    def save(self, network, state: TrainState, optimizer=None, heads=None) -> Path:
         """Writes the checkpoint (the network's weights, the optimizer's state if given)
         completely, then puts it in place; older ones beyond `keep` are deleted only after
         that. A failed write raises `CheckpointError` and leaves every earlier checkpoint
         as it was."""
         final = self.directory / f"ckpt-{state.updates:08d}"
-        _write_atomically(final, lambda tmp: _write(tmp, network, state, optimizer))
+        _write_atomically(final, lambda tmp: _write(tmp, network, state, optimizer, heads))
         for old in self.checkpoints()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
@@ -311,8 +312,17 @@ def set_aside(path: Path) -> Path:
     return aside
 
 
-def _write(directory: Path, network, state: TrainState, optimizer) -> None:
+def named_parts(network, heads=None) -> dict[str, keras.Variable]:
+    """The network's variables by name and, for training, its loss heads' under
+    `HEADS_PREFIX`."""
     named = named_variables(network)
+    if heads is not None:
+        named.update({HEADS_PREFIX + k: v for k, v in named_variables(heads).items()})
+    return named
+
+
+def _write(directory: Path, network, state: TrainState, optimizer, heads=None) -> None:
+    named = named_parts(network, heads)
     weights = {name: var.value for name, var in named.items()}
     checkpoint = (
         tf.train.Checkpoint(weights=weights)
@@ -320,15 +330,17 @@ def _write(directory: Path, network, state: TrainState, optimizer) -> None:
         else tf.train.Checkpoint(weights=weights, optimizer=optimizer)
     )
     checkpoint.write(str(directory / "ckpt"))
-    order = _trainable_order(network, named)
+    order = _trainable_order(network, named, heads)
     (directory / "variables.json").write_text(json.dumps(order, indent=0) + "\n")
     (directory / "state.json").write_text(json.dumps(asdict(state)) + "\n")  # last: complete
 
 
-def _trainable_order(network, named: dict[str, keras.Variable]) -> list[str]:
-    """Trainable variable names in the order the optimizer's slots follow."""
+def _trainable_order(network, named: dict[str, keras.Variable], heads=None) -> list[str]:
+    """Trainable variable names in the order the optimizer's slots follow (the task's:
+    the network's, then its loss heads')."""
     by_id = {id(v): k for k, v in named.items()}
-    return [by_id[id(v)] for v in network.trainable_variables]
+    trainable = [*network.trainable_variables, *(heads.trainable_variables if heads else [])]
+    return [by_id[id(v)] for v in trainable]
 
 
 def write_weights(
@@ -375,7 +387,7 @@ def _reader(path: str | os.PathLike):
     return reader
 
 
-def restore(network, path: str | os.PathLike, optimizer=None) -> TrainState:
+def restore(network, path: str | os.PathLike, optimizer=None, heads=None) -> TrainState:
     """Loads a checkpoint directory into a built network (and an optimizer, to resume).
 
     The checkpoint must hold exactly the network's variables, with their shapes. With an
@@ -384,7 +396,9 @@ def restore(network, path: str | os.PathLike, optimizer=None) -> TrainState:
     """
     path = Path(path)
     saved = read_weights(path)
-    named = named_variables(network)
+    if heads is None:  # inference: a training task's loss heads are not the network's
+        saved = network_weights(saved)
+    named = named_parts(network, heads)
     missing = sorted(set(named) - set(saved))
     # Variables the model lacks: another architecture whose variables happen to include
     # all of this one's (fewer blocks, no per-block norms) would otherwise load silently.
@@ -404,7 +418,7 @@ def restore(network, path: str | os.PathLike, optimizer=None) -> TrainState:
     if optimizer is not None:
         order_file = path / "variables.json"
         order = json.loads(order_file.read_text()) if order_file.exists() else None
-        if order != _trainable_order(network, named):
+        if order != _trainable_order(network, named, heads):
             raise CheckpointError(
                 f"{path}: the model's trainable variables differ from (or are ordered "
                 "differently than) when this checkpoint was written, so its optimizer state "
@@ -418,6 +432,11 @@ def restore(network, path: str | os.PathLike, optimizer=None) -> TrainState:
         for key, var in named.items():
             var.assign(saved[key])
     return read_state(path)
+
+
+def network_weights(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Named weights without a training task's loss heads."""
+    return {k: v for k, v in values.items() if not k.startswith(HEADS_PREFIX)}
 
 
 def average_checkpoints(paths: list[str | os.PathLike]) -> dict[str, np.ndarray]:
@@ -448,7 +467,9 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> dict[str, np.ndarray]
 
 
 def assign_weights(model, values: dict[str, np.ndarray]) -> None:
-    """Loads named values (e.g. `average_checkpoints`) into a built model; all must fit."""
+    """Loads named values (e.g. `average_checkpoints`) into a built model; all must fit
+    (loss heads, which only training has, are left out)."""
+    values = network_weights(values)
     named = named_variables(model)
     if named.keys() != values.keys():
         missing, extra = sorted(named.keys() - values.keys()), sorted(values.keys() - named.keys())
@@ -492,7 +513,7 @@ def load_matching_weights(model, path: str | os.PathLike) -> LoadReport:
     What differs in shape — the predictor embedding and the joint output layer when the
     tokenizer changes — keeps its fresh initialisation; everything is reported by name.
     """
-    saved = read_weights(path)
+    saved = network_weights(read_weights(path))  # heads: the new task's loss builds its own
     loaded, skipped, fresh = [], [], []
     for key, var in named_variables(model).items():
         if key not in saved:

@@ -163,58 +163,65 @@ class PredictorConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The network's architecture only (what inference builds); the loss is `LossConfig`."""
+
     encoder: EncoderConfig = EncoderConfig()
     predictor: PredictorConfig = PredictorConfig()
     joint_dim: int = 320
+
+    def __post_init__(self):
+        _at_least(self, "model", joint_dim=1)
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The training loss, owned by the training task (which builds any head it needs)."""
+
+    # "full": the RNN-T loss over the whole lattice; "pruned": k2's pruned RNN-T — a
+    # trivial-joiner "simple" loss picks a band of `prune_range` symbols per frame and the
+    # full joint runs only there.
+    kind: str = "full"  # full | pruned
     normalize_by: str = "tokens"  # tokens | utterances: what the loss is averaged over
-    # Training loss: the joint's output layer fused with the RNN-T loss, chunk by chunk
-    # (never the whole [B, T, U+1, V]); false: logits first, then the loss (the reference).
-    fused_joint_loss: bool = True
-    joint_chunk_mb: float = 64.0  # budget for one fused chunk's float32 temporaries
-    # "pruned": k2's pruned RNN-T — a trivial-joiner "simple" loss picks a band of
-    # `prune_range` symbols per frame, the full joint runs only there (training only).
-    loss: str = "full"  # full | pruned
+    # The joint's output layer fused with the loss, chunk by chunk (never the whole
+    # [B, T, U+1, V]); false: logits first, then the loss (the reference path).
+    fused: bool = True
+    chunk_mb: float = 64.0  # budget for one fused chunk's float32 temporaries
     prune_range: int = 5
-    simple_loss_scale: float = 0.5  # after the warm-up; 1.0 at update 0
-    loss_warmup_updates: int = 2000  # simple 1 -> scale, pruned 0.1 -> 1, in updates
+    simple_scale: float = 0.5  # the simple loss' weight after the warm-up; 1.0 at update 0
+    warmup_updates: int = 2000  # simple 1 -> simple_scale, pruned 0.1 -> 1, in updates
     lm_only_scale: float = 0.25  # smoothing of the simple loss (icefall's defaults)
     am_only_scale: float = 0.0
-    # With fused_joint_loss: the chunk budget of the pruned loss' band and simple-loss
-    # projection — a band chunk costs little time, so chunks can be small (measured with
-    # tools/bench_joint.py: 8 MiB took 0.09 s more per Conformer-S step than 64, for
-    # ~90 MiB less peak memory).
+    # With `fused`: the chunk budget of the pruned loss' band and simple-loss projection —
+    # a band chunk costs little time, so chunks can be small (tools/bench_joint.py: 8 MiB
+    # took 0.09 s more per Conformer-S step than 64, for ~90 MiB less peak memory).
     pruned_chunk_mb: float = 8.0
-    # k2/icefall's delay penalty λ: a label emitted at frame t scores λ·((T−1)/2 − t) more
-    # in the training loss, so the model learns to emit earlier (better word times and
-    # latency, at some WER); 0 = the plain RNN-T loss. Full loss only.
+    # k2/icefall's delay penalty λ: a label emitted at frame t scores λ·((T−1)/2 − t) more,
+    # so the model learns to emit earlier (word times, latency; at some WER). Full loss only.
     delay_penalty: float = 0.0
     # Auxiliary CTC loss on the encoder (a linear head to the vocabulary, blank shared):
-    # each utterance's loss is its RNN-T loss + ctc_weight × its CTC loss. 0 = none (and no
-    # head). Training only: decoding, export and the dev WER use the transducer.
+    # each utterance's loss is its transducer loss + ctc_weight × its CTC loss. 0 = none
+    # (and no head). Training only: decoding, export and the dev WER use the transducer.
     ctc_weight: float = 0.0
 
     def __post_init__(self):
-        _at_least(self, "model", joint_dim=1, prune_range=2, loss_warmup_updates=0)
+        _at_least(self, "loss", prune_range=2, warmup_updates=0)
+        if self.kind not in LOSSES:
+            raise ValueError(f"loss.kind must be one of {LOSSES}, got {self.kind!r}")
         if self.ctc_weight < 0:
-            raise ValueError(f"model.ctc_weight must be >= 0, got {self.ctc_weight}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"model.loss must be one of {LOSSES}, got {self.loss!r}")
-        for key in ("simple_loss_scale", "lm_only_scale", "am_only_scale"):
+            raise ValueError(f"loss.ctc_weight must be >= 0, got {self.ctc_weight}")
+        for key in ("simple_scale", "lm_only_scale", "am_only_scale"):
             if not 0 <= getattr(self, key) <= 1:
-                raise ValueError(f"model.{key} must be in [0, 1], got {getattr(self, key)}")
+                raise ValueError(f"loss.{key} must be in [0, 1], got {getattr(self, key)}")
         if self.lm_only_scale + self.am_only_scale >= 1:
-            raise ValueError("model.lm_only_scale + model.am_only_scale must be < 1")
+            raise ValueError("loss.lm_only_scale + loss.am_only_scale must be < 1")
         if self.delay_penalty < 0:
-            raise ValueError(f"model.delay_penalty must be >= 0, got {self.delay_penalty}")
-        if self.delay_penalty and self.loss == "pruned":
-            raise ValueError(
-                "model.delay_penalty works with model.loss=full only (not yet with pruned)"
-            )
-        _positive(self, "model", "joint_chunk_mb")
-        _positive(self, "model", "pruned_chunk_mb")
+            raise ValueError(f"loss.delay_penalty must be >= 0, got {self.delay_penalty}")
+        if self.delay_penalty and self.kind == "pruned":
+            raise ValueError("loss.delay_penalty works with loss.kind=full only (not with pruned)")
+        _positive(self, "loss", "chunk_mb", "pruned_chunk_mb")
         if self.normalize_by not in NORMALIZERS:
             raise ValueError(
-                f"model.normalize_by must be one of {NORMALIZERS}, got {self.normalize_by!r}"
+                f"loss.normalize_by must be one of {NORMALIZERS}, got {self.normalize_by!r}"
             )
 
 
@@ -303,6 +310,7 @@ SCHEMA_VERSION = 1
 class ExperimentConfig:
     schema: int = SCHEMA_VERSION
     model: ModelConfig = ModelConfig()
+    loss: LossConfig = LossConfig()
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
     features: FeatureConfig = FeatureConfig()

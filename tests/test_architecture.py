@@ -103,3 +103,14 @@ def test_a_model_loaded_for_inference_has_no_optimizer_state(tmp_path):
     assert isinstance(loaded, keras.Model) and getattr(loaded, "optimizer", None) is None
     assert [v.shape for v in loaded.variables] == [v.shape for v in network.variables]
     assert not any("accum" in v.path or "optimizer" in v.path for v in loaded.variables)
+
+
+def test_no_module_imports_another_modules_private_names():
+    """Modules share code through public names (the losses' lattice, chunks and cells)."""
+    private = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("asrkit"):
+                private += [f"{path.name}: {node.module}.{a.name}" for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]  # fmt: skip
+    assert not private, "\n".join(private)

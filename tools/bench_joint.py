@@ -15,7 +15,7 @@ loss part: its memory and time minus the encoder's, and the ratios fused / prune
 
     python tools/bench_joint.py [--batch 2] [--seconds 20] [--labels 80] [--vocab 64,1024,5000]
         [--modes encoder,plain,fused,fused+recompute,pruned,pruned-plain,pruned+recompute]
-        [--config conf.yaml] [--set model.joint_chunk_mb=16 ...]
+        [--config conf.yaml] [--set loss.chunk_mb=16 ...]
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from pathlib import Path
 
 CONFORMER_S = Path(__file__).resolve().parents[1] / "recipes/librispeech/conf/conformer_s.yaml"
 MODES = {
-    "plain": {"model.fused_joint_loss": False},
-    "fused": {"model.fused_joint_loss": True},
-    "fused+recompute": {"model.fused_joint_loss": True, "model.encoder.recompute": True},
-    "pruned": {"model.loss": "pruned", "model.fused_joint_loss": True},
-    "pruned-plain": {"model.loss": "pruned", "model.fused_joint_loss": False},
+    "plain": {"loss.fused": False},
+    "fused": {"loss.fused": True},
+    "fused+recompute": {"loss.fused": True, "model.encoder.recompute": True},
+    "pruned": {"loss.kind": "pruned", "loss.fused": True},
+    "pruned-plain": {"loss.kind": "pruned", "loss.fused": False},
     "encoder": {},
-    "pruned+recompute": {"model.loss": "pruned", "model.encoder.recompute": True},
+    "pruned+recompute": {"loss.kind": "pruned", "model.encoder.recompute": True},
 }
 
 

@@ -53,7 +53,7 @@ def main() -> None:
     for precision in ("float32", "mixed_float16", "mixed_bfloat16"):
         keras.mixed_precision.set_dtype_policy(precision)
         keras.utils.set_random_seed(0)
-        model = TransducerTask(Transducer(tokenizer.vocab_size, config.model))
+        model = TransducerTask(Transducer(tokenizer.vocab_size, config.model), config.loss)
 
         def gradient(data, model=model):
             with tf.GradientTape() as tape:

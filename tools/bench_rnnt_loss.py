@@ -29,7 +29,7 @@ def _autodiff_baseline(logits, labels, logit_lengths, label_lengths):
     """The textbook TF approach: log_softmax over V, then autodiff through the alpha recursion."""
     import tensorflow as tf
 
-    from asrkit.losses.rnnt import _LOG_ZERO, _log_add, _shift_up, _skew
+    from asrkit.losses.lattice import LOG_ZERO, log_add, shift_up, skew
 
     log_probs = tf.nn.log_softmax(logits, axis=-1)
     shape = tf.shape(logits)
@@ -41,12 +41,12 @@ def _autodiff_baseline(logits, labels, logit_lengths, label_lengths):
     t_ok = tf.range(frames)[None, :] < logit_lengths[:, None]
     node = t_ok[:, :, None] & (tf.range(u1)[None, :] <= label_lengths[:, None])[:, None]
     edge = t_ok[:, :, None] & (tf.range(u1)[None, :] < label_lengths[:, None])[:, None]
-    blank_d = _skew(tf.where(node, log_blank, _LOG_ZERO), _LOG_ZERO)
-    label_d = _skew(tf.where(edge, log_label, _LOG_ZERO), _LOG_ZERO)
-    alpha0 = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, u1 - 1], _LOG_ZERO)], axis=1)
+    blank_d = skew(tf.where(node, log_blank, LOG_ZERO), LOG_ZERO)
+    label_d = skew(tf.where(edge, log_label, LOG_ZERO), LOG_ZERO)
+    alpha0 = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, u1 - 1], LOG_ZERO)], axis=1)
 
     def step(prev, elems):
-        return _log_add(prev + elems[0], _shift_up(prev + elems[1]))
+        return log_add(prev + elems[0], shift_up(prev + elems[1]))
 
     alpha = tf.concat([alpha0[None], tf.scan(step, (blank_d[:-1], label_d[:-1]), alpha0)], 0)
     index = tf.stack([logit_lengths - 1 + label_lengths, tf.range(batch), label_lengths], 1)

@@ -7,7 +7,7 @@ search and greedy, the training stage's time and the whole command's time. Print
 per run, then the median and the worst; writes the rows as JSON.
 
     python tools/demo_runs.py [--runs 3] [--seeds 0 1 2] [--work /tmp/asrkit-demo-runs]
-                              [--set model.loss=pruned ...]
+                              [--set loss.kind=pruned ...]
 
 Runs are sequential on purpose: two at once on the same cores would measure each other.
 `--seeds` varies the corpus (texts, voices, which voices are held out) and the training

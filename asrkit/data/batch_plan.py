@@ -100,6 +100,7 @@ def memory_fingerprint(config: ExperimentConfig) -> dict:
     """What a training step's memory depends on besides the micro-batch shape."""
     fingerprint = {
         "model": dataclasses.asdict(config.model),
+        "loss": dataclasses.asdict(config.loss),
         "precision": config.train.precision,
         "jit_compile": config.train.jit_compile,
         "num_mel_bins": config.features.num_mel_bins,

@@ -24,15 +24,14 @@ import functools
 
 import tensorflow as tf
 
-from asrkit.losses.fused import (
+from asrkit.losses.cells import cells_gradient, joint_cells, picked
+from asrkit.losses.chunks import (
     DEFAULT_CHUNK_BYTES,
-    _cells_gradient,
-    _chunk_frames,
-    _chunk_loop,
-    _in_chunks,
-    _joint_cells,
-    _picked,
-    _stitch,
+    chunk_loop,
+    in_chunks,
+    joint_chunk_frames,
+    static_or_dynamic,
+    stitch,
 )
 
 
@@ -57,8 +56,11 @@ def band_log_probs(
     bias = tf.cast(bias, encoder_hidden.dtype)
     rows = tf.cast(rows, tf.int32)
     band_labels = tf.cast(band_labels, tf.int32)
-    # Per frame a chunk holds B·S·(6V + 4H) values, as a fused chunk does with U+1 = S.
-    chunk = _chunk_frames(encoder_hidden, rows[:, 0, :, None], kernel, None, chunk_bytes)
+    # A band chunk holds S cells per frame where a fused chunk holds U+1.
+    chunk = joint_chunk_frames(
+        encoder_hidden, static_or_dynamic(rows, 2), static_or_dynamic(kernel, 0),
+        static_or_dynamic(kernel, 1), chunk_bytes,
+    )  # fmt: skip
     blank = int(blank)
 
     @tf.custom_gradient
@@ -66,17 +68,17 @@ def band_log_probs(
         enc, pred = tf.stop_gradient(enc), tf.stop_gradient(pred)
         kernel, bias = tf.stop_gradient(kernel), tf.stop_gradient(bias)
         frames = tf.shape(enc)[1]
-        enc_c, chunks = _in_chunks(enc, chunk)
-        rows_c, _ = _in_chunks(rows, chunk)  # padding frames read row 0; their gradient is 0
-        labels_c, _ = _in_chunks(band_labels, chunk)
+        enc_c, chunks = in_chunks(enc, chunk)
+        rows_c, _ = in_chunks(rows, chunk)  # padding frames read row 0; their gradient is 0
+        labels_c, _ = in_chunks(band_labels, chunk)
         lse, log_blank, log_label = _forward(
             enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames
         )
 
         def grad(g_blank, g_label):
-            g_blank_c, _ = _in_chunks(tf.cast(g_blank, tf.float32), chunk)
-            g_label_c, _ = _in_chunks(tf.cast(g_label, tf.float32), chunk)
-            lse_c, _ = _in_chunks(lse, chunk)
+            g_blank_c, _ = in_chunks(tf.cast(g_blank, tf.float32), chunk)
+            g_label_c, _ = in_chunks(tf.cast(g_label, tf.float32), chunk)
+            lse_c, _ = in_chunks(lse, chunk)
             d_enc, d_pred, d_kernel, d_bias = _backward(
                 enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames, lse_c,
                 g_blank_c, g_label_c,
@@ -97,7 +99,7 @@ def _chunk(enc_c, pred, rows_c, kernel, bias, i):
     """Chunk i: hidden [B, C, S, H] (compute dtype) and float32 logits [B, C, S, V]."""
     enc = tf.gather(enc_c, i, axis=1)  # [B, C, H]
     band = tf.gather(pred, tf.gather(rows_c, i, axis=1), axis=1, batch_dims=1)  # [B, C, S, H]
-    return _joint_cells(enc[:, :, None, :] + band, kernel, bias)
+    return joint_cells(enc[:, :, None, :] + band, kernel, bias)
 
 
 # Graph functions even for eager callers (see asrkit.losses.fused).
@@ -105,13 +107,13 @@ def _chunk(enc_c, pred, rows_c, kernel, bias, i):
 def _forward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames):
     def body(i, lse_acc, blank_acc, label_acc):
         _, logits = _chunk(enc_c, pred, rows_c, kernel, bias, i)
-        lse, picked_blank, picked_label = _picked(logits, tf.gather(labels_c, i, axis=1), blank)
+        lse, picked_blank, picked_label = picked(logits, tf.gather(labels_c, i, axis=1), blank)
         return (i + 1, lse_acc.write(i, lse), blank_acc.write(i, picked_blank),
                 label_acc.write(i, picked_label))  # fmt: skip
 
     arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(3)]
-    _, *arrays = _chunk_loop(chunks, body, [tf.constant(0), *arrays])
-    return tuple(_stitch(a, frames) for a in arrays)
+    _, *arrays = chunk_loop(chunks, body, [tf.constant(0), *arrays])
+    return tuple(stitch(a, frames) for a in arrays)
 
 
 @functools.partial(tf.function, reduce_retracing=True)
@@ -123,8 +125,8 @@ def _backward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames
 
     def body(i, d_enc, d_pred, d_kernel, d_bias):
         hidden, logits = _chunk(enc_c, pred, rows_c, kernel, bias, i)
-        # The loss' upstream gradients are minus the posteriors `_cells_gradient` expects.
-        d_pre, chunk_kernel, chunk_bias = _cells_gradient(
+        # The loss' upstream gradients are minus the posteriors `cells_gradient` expects.
+        d_pre, chunk_kernel, chunk_bias = cells_gradient(
             hidden, logits, tf.gather(lse_c, i, axis=1), -tf.gather(g_blank_c, i, axis=1),
             -tf.gather(g_label_c, i, axis=1), blank, tf.gather(labels_c, i, axis=1), kernel,
         )  # fmt: skip
@@ -145,5 +147,5 @@ def _backward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames
         tf.zeros(tf.shape(kernel), tf.float32),
         tf.zeros(tf.shape(bias), tf.float32),
     ]
-    _, d_enc, d_pred, d_kernel, d_bias = _chunk_loop(chunks, body, init)
-    return _stitch(d_enc, frames), d_pred, d_kernel, d_bias
+    _, d_enc, d_pred, d_kernel, d_bias = chunk_loop(chunks, body, init)
+    return stitch(d_enc, frames), d_pred, d_kernel, d_bias

@@ -1,7 +1,7 @@
 """An auxiliary CTC loss on the encoder frames (training only).
 
 A linear head maps each encoder frame to the vocabulary (the transducer's blank is CTC's
-blank); its CTC loss, weighted by `model.ctc_weight`, is added to each utterance's RNN-T
+blank); its CTC loss, weighted by `loss.ctc_weight`, is added to each utterance's RNN-T
 loss. The encoder then gets a direct, frame-level training signal from the first update, as
 in hybrid CTC/transducer training (icefall, ESPnet), instead of one that must pass through
 a joint and a predictor that are still learning.

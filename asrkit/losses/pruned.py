@@ -26,16 +26,16 @@ import functools
 import tensorflow as tf
 
 from asrkit.losses.band import band_log_probs
-from asrkit.losses.fused import DEFAULT_CHUNK_BYTES
-from asrkit.losses.rnnt import (
-    _LOG_ZERO,
-    _forward_backward,
-    _Lattice,
-    _mask_emissions,
-    _next_labels,
-    _posteriors,
+from asrkit.losses.chunks import DEFAULT_CHUNK_BYTES
+from asrkit.losses.lattice import (
+    LOG_ZERO,
+    Lattice,
+    forward_backward,
+    mask_emissions,
+    next_labels,
+    posteriors,
 )
-from asrkit.losses.trivial import _TINY, plain_terms, trivial_terms
+from asrkit.losses.trivial import TINY, plain_terms, trivial_terms
 
 
 def lattice_loss(log_blank, log_label, logit_lengths, label_lengths):
@@ -43,7 +43,7 @@ def lattice_loss(log_blank, log_label, logit_lengths, label_lengths):
     each utterance's lattice are ignored), and the node occupancy [B, T, U+1] (the
     posterior of passing through each node; no gradient). Differentiable in both inputs:
     d loss / d log_blank = −posterior of that blank edge (likewise for labels)."""
-    log_blank, log_label = _mask_emissions(
+    log_blank, log_label = mask_emissions(
         tf.cast(log_blank, tf.float32), tf.cast(log_label, tf.float32), logit_lengths,
         label_lengths,
     )  # fmt: skip
@@ -51,12 +51,12 @@ def lattice_loss(log_blank, log_label, logit_lengths, label_lengths):
 
     @tf.custom_gradient
     def core(log_blank, log_label):
-        alpha, beta, blank_d, label_d, terminal, log_prob = _forward_backward(
+        alpha, beta, blank_d, label_d, terminal, log_prob = forward_backward(
             tf.stop_gradient(log_blank), tf.stop_gradient(log_label), logit_lengths,
             label_lengths,
         )  # fmt: skip
-        saved = _Lattice(log_prob, None, None, alpha, beta, blank_d, label_d, terminal)
-        post_blank, post_label = _posteriors(saved, tf.ones_like(log_prob), frames)
+        saved = Lattice(log_prob, None, None, alpha, beta, blank_d, label_d, terminal)
+        post_blank, post_label = posteriors(saved, tf.ones_like(log_prob), frames)
 
         def grad(upstream, _occupancy_upstream):
             scale = tf.cast(upstream, tf.float32)[:, None, None]
@@ -121,7 +121,7 @@ def _simple_loss(terms, lm, labels, logit_lengths, label_lengths, blank, lm_only
     labels = tf.cast(labels, tf.int32)
     logit_lengths = tf.cast(logit_lengths, tf.int32)
     label_lengths = tf.cast(label_lengths, tf.int32)
-    next_label = _next_labels(labels, label_lengths, tf.shape(lm)[1])  # [B, U+1]
+    next_label = next_labels(labels, label_lengths, tf.shape(lm)[1])  # [B, U+1]
     unigram = None
     if am_only_scale:
         # "AM only": the predictor replaced by its unigram average over the batch's rows.
@@ -130,7 +130,7 @@ def _simple_loss(terms, lm, labels, logit_lengths, label_lengths, blank, lm_only
         rows = tf.sequence_mask(label_lengths + 1, tf.shape(lm)[1], tf.float32)  # [B, U+1]
         lm_probs = lm_exp / tf.reduce_sum(lm_exp, axis=-1, keepdims=True)
         unigram = tf.reduce_sum(lm_probs * rows[..., None], axis=[0, 1])
-        unigram = unigram / tf.maximum(tf.reduce_sum(rows), 1.0) + _TINY  # [V]
+        unigram = unigram / tf.maximum(tf.reduce_sum(rows), 1.0) + TINY  # [V]
     t = terms(lm, next_label, blank, unigram)
 
     log_blank = t.am_blank[:, :, None] + t.lm_blank[:, None, :] - t.norm
@@ -208,7 +208,7 @@ def pruned_loss(
     u1 = tf.shape(predictor_hidden)[1]
     span = tf.minimum(prune_range, u1)
     rows = tf.minimum(s_begin[:, :, None] + tf.range(span)[None, None, :], u1 - 1)  # [B,T,S]
-    next_label = _next_labels(labels, tf.cast(label_lengths, tf.int32), u1)  # [B, U+1]
+    next_label = next_labels(labels, tf.cast(label_lengths, tf.int32), u1)  # [B, U+1]
     band_labels = tf.gather(next_label, rows, axis=1, batch_dims=1)  # [B, T, S]
     if fused:
         band_blank, band_label = band_log_probs(
@@ -225,8 +225,8 @@ def pruned_loss(
     column = tf.range(u1)[None, None, :] - s_begin[:, :, None]  # [B, T, U+1]
     inside = (column >= 0) & (column < span)
     column = tf.clip_by_value(column, 0, span - 1)
-    full_blank = tf.where(inside, tf.gather(band_blank, column, axis=2, batch_dims=2), _LOG_ZERO)
-    full_label = tf.where(inside, tf.gather(band_label, column, axis=2, batch_dims=2), _LOG_ZERO)
+    full_blank = tf.where(inside, tf.gather(band_blank, column, axis=2, batch_dims=2), LOG_ZERO)
+    full_label = tf.where(inside, tf.gather(band_label, column, axis=2, batch_dims=2), LOG_ZERO)
     losses, _ = lattice_loss(full_blank, full_label, logit_lengths, label_lengths)
     return losses
 

@@ -37,16 +37,17 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from asrkit.losses.fused import (
+from asrkit.losses.cells import add_at_last
+from asrkit.losses.chunks import (
     DEFAULT_CHUNK_BYTES,
-    _chunk_loop,
-    _frames_in_budget,
-    _in_chunks,
-    _stitch,
-    add_at_last,
+    chunk_loop,
+    in_chunks,
+    joint_chunk_frames,
+    static_or_dynamic,
+    stitch,
 )
 
-_TINY = tf.experimental.numpy.finfo(tf.float32.as_numpy_dtype).tiny
+TINY = tf.experimental.numpy.finfo(tf.float32.as_numpy_dtype).tiny
 
 
 class Terms(NamedTuple):
@@ -68,7 +69,7 @@ def plain_terms(am, lm, next_label, blank: int, unigram=None) -> Terms:
     am_max = tf.stop_gradient(tf.reduce_max(am, axis=-1, keepdims=True))  # [B, T, 1]
     lm_max = tf.stop_gradient(tf.reduce_max(lm, axis=-1, keepdims=True))  # [B, U+1, 1]
     am_exp, lm_exp = tf.exp(am - am_max), tf.exp(lm - lm_max)
-    norm = tf.math.log(tf.einsum("btv,buv->btu", am_exp, lm_exp) + _TINY)
+    norm = tf.math.log(tf.einsum("btv,buv->btu", am_exp, lm_exp) + TINY)
     norm += am_max + tf.transpose(lm_max, [0, 2, 1])
     am_label = tf.gather(am, next_label, axis=2, batch_dims=1)
     am_norm = None
@@ -102,7 +103,9 @@ def trivial_terms(
     next_label = tf.cast(next_label, tf.int32)
     smoothing = unigram is not None
     unigram = tf.cast(unigram, tf.float32) if smoothing else tf.zeros([1], tf.float32)
-    chunk = _chunk_frames(encoded, kernel, chunk_bytes)
+    # Per frame a chunk holds about 6·B·V float32 values (am, its exponentials, d am and
+    # its terms): one cell of no hidden width.
+    chunk = joint_chunk_frames(encoded, 1, 0, static_or_dynamic(kernel, 1), chunk_bytes)
     blank = int(blank)
 
     @tf.custom_gradient
@@ -111,7 +114,7 @@ def trivial_terms(
             tf.stop_gradient(x) for x in (encoded, kernel, bias, lm, unigram)
         )
         frames = tf.shape(encoded)[1]
-        enc_c, chunks = _in_chunks(encoded, chunk)
+        enc_c, chunks = in_chunks(encoded, chunk)
         lm_max = tf.reduce_max(lm, axis=-1, keepdims=True)  # [B, U+1, 1]
         lm_exp = tf.exp(lm - lm_max)
         norm, am_label, am_blank, am_norm, am_max = _forward(
@@ -152,14 +155,6 @@ def trivial_terms(
     return terms if smoothing else terms._replace(am_norm=None)
 
 
-def _chunk_frames(encoded, kernel, chunk_bytes):
-    """Frames per chunk: per frame the backward pass holds about 6·B·V float32 values
-    (am, its exponentials, d am and its terms)."""
-    shape = tf.shape(encoded, out_type=tf.int64)
-    vocab = tf.shape(kernel, out_type=tf.int64)[1]
-    return _frames_in_budget(chunk_bytes, 6 * shape[0] * vocab * 4, shape[1])
-
-
 def _chunk_am(enc_c, kernel, bias, i):
     """am [B, C, V] float32 of chunk i, its per-frame max [B, C, 1] and exp(am - max)."""
     enc = tf.gather(enc_c, i, axis=1)  # [B, C, D]
@@ -178,7 +173,7 @@ def _forward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, sm
 
     def body(i, norm_a, label_a, blank_a, am_norm_a, max_a):
         _, am, am_max, am_exp = _chunk_am(enc_c, kernel, bias, i)
-        norm = tf.math.log(tf.einsum("bcv,buv->bcu", am_exp, lm_exp) + _TINY)
+        norm = tf.math.log(tf.einsum("bcv,buv->bcu", am_exp, lm_exp) + TINY)
         norm += am_max + lm_max_row
         am_label = tf.gather(am, next_label, axis=2, batch_dims=1)
         if smoothing:
@@ -190,8 +185,8 @@ def _forward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, sm
                 am_norm_a.write(i, am_norm[..., None]), max_a.write(i, am_max))  # fmt: skip
 
     arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(5)]
-    _, *arrays = _chunk_loop(chunks, body, [tf.constant(0), *arrays])
-    norm, am_label, am_blank, am_norm, am_max = (_stitch(a, frames) for a in arrays)
+    _, *arrays = chunk_loop(chunks, body, [tf.constant(0), *arrays])
+    norm, am_label, am_blank, am_norm, am_max = (stitch(a, frames) for a in arrays)
     return norm, am_label, am_blank[..., 0], am_norm[..., 0], am_max[..., 0]
 
 
@@ -203,9 +198,9 @@ def _backward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, s
     # w[t, u] = g_norm · exp(am_max[t] + lm_max[u] − norm[t, u]): the softmax over v of
     # am + lm is exp(am − am_max) · exp(lm − lm_max) · w / g_norm.
     weight = g_norm * tf.exp(am_max[..., None] + lm_max_row - norm)
-    weight_c, label_c = _in_chunks(weight, chunk)[0], _in_chunks(g_label, chunk)[0]
+    weight_c, label_c = in_chunks(weight, chunk)[0], in_chunks(g_label, chunk)[0]
     per_frame = tf.stack([g_blank, g_am_norm * tf.exp(am_max - am_norm)], axis=-1)
-    per_frame_c = _in_chunks(per_frame, chunk)[0]  # [B, N, C, 2]
+    per_frame_c = in_chunks(per_frame, chunk)[0]  # [B, N, C, 2]
 
     def body(i, d_enc, d_kernel, d_bias, lm_sum, d_unigram):
         enc, _, _, am_exp = _chunk_am(enc_c, kernel, bias, i)
@@ -240,5 +235,5 @@ def _backward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, s
         tf.zeros(tf.shape(lm_exp), tf.float32),
         tf.zeros(tf.shape(unigram), tf.float32),
     ]
-    _, d_enc, d_kernel, d_bias, lm_sum, d_unigram = _chunk_loop(chunks, body, init)
-    return _stitch(d_enc, frames), d_kernel, d_bias, lm_sum, d_unigram
+    _, d_enc, d_kernel, d_bias, lm_sum, d_unigram = chunk_loop(chunks, body, init)
+    return stitch(d_enc, frames), d_kernel, d_bias, lm_sum, d_unigram

@@ -32,7 +32,7 @@ import math
 import keras
 import tensorflow as tf
 
-from asrkit.config import CONV_CONTEXTS, CONV_NORMS, FINAL_NORMS
+from asrkit.config import CONV_CONTEXTS, CONV_NORMS, FINAL_NORMS, EncoderConfig
 from asrkit.models.layers import (
     BatchNorm,
     CompositeLayer,
@@ -368,11 +368,11 @@ class ConformerEncoder(CompositeLayer):
         conv_norm: str,
         subsampling_filters: int,
         final_norm: str,
-        recompute: bool = False,
-        chunk_frames: int = 0,
-        left_chunks: int = -1,
-        dynamic_chunks: int = 0,
-        conv_context: str = "chunk",
+        recompute: bool = EncoderConfig.recompute,
+        chunk_frames: int = EncoderConfig.chunk_frames,
+        left_chunks: int = EncoderConfig.left_chunks,
+        dynamic_chunks: int = EncoderConfig.dynamic_chunks,
+        conv_context: str = EncoderConfig.conv_context,
         **kwargs,
     ):
         super().__init__(**kwargs)

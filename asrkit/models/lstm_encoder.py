@@ -9,6 +9,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from asrkit.config import EncoderConfig
 from asrkit.models.layers import (
     CompositeLayer,
     block_seeds,
@@ -30,7 +31,7 @@ class LSTMEncoder(CompositeLayer):
         num_layers: int,
         dropout: float,
         subsampling_filters: int,
-        recompute: bool = False,
+        recompute: bool = EncoderConfig.recompute,
         **kwargs,
     ):
         super().__init__(**kwargs)

@@ -15,7 +15,7 @@ import numpy as np
 
 from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
 from asrkit.models.conformer import ConformerEncoder
-from asrkit.models.joint import Joint, SimpleJoiner
+from asrkit.models.joint import Joint
 from asrkit.models.lstm_encoder import LSTMEncoder
 from asrkit.models.predictor import build_predictor
 
@@ -49,14 +49,6 @@ class Transducer(keras.Model):
         self.encoder = build_encoder(config.encoder)
         self.predictor = build_predictor(vocab_size, config.predictor)
         self.joint = Joint(vocab_size=vocab_size, dim=config.joint_dim, name="joint")
-        # Only the pruned loss trains (and so the network carries) the trivial joiner.
-        self.simple = (
-            SimpleJoiner(vocab_size=vocab_size, name="simple") if config.loss == "pruned" else None
-        )
-        # Only an auxiliary CTC loss trains (and so the network carries) a CTC head.
-        self.ctc_head = (
-            keras.layers.Dense(vocab_size, name="ctc_head") if config.ctc_weight > 0 else None
-        )
 
     def build(self, *args, **kwargs):
         # Made only of sub-layers, which build themselves on their first call.
@@ -90,10 +82,6 @@ class Transducer(keras.Model):
         encoded, _ = self.encode(batch[0], batch[1])
         predicted = self.predict_labels(batch[2])
         self.join(encoded, predicted)
-        if self.simple is not None:
-            self.simple(encoded, predicted)
-        if self.ctc_head is not None:
-            self.ctc_head(encoded)
         self.built = True
 
     def get_config(self):

@@ -60,8 +60,10 @@ class TrainingProgress(keras.callbacks.Callback):
         state = dataclasses.replace(self.state, micro_batches=done, updates=updates)
         if self.stop.signal or (self.every and updates and updates % self.every == 0):
             # Callbacks run at window boundaries only: a checkpoint never holds half a window.
-            network, optimizer = self.model.network, self.model.optimizer
-            self.last_checkpoint = self.manager.save(network, state, optimizer)
+            task = self.model
+            self.last_checkpoint = self.manager.save(
+                task.network, state, task.optimizer, heads=task.heads
+            )
         if self.stop.signal:
             self.stopped_at = state
             self.model.stop_training = True

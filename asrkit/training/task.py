@@ -1,17 +1,22 @@
 """The training *task* around a transducer network: the RNN-T loss and the accumulation
 engine (keras-hub's Task around a Backbone).
 
-`compute_loss_terms` returns (Σ per-utterance losses, count) — each utterance's RNN-T loss
-(full, fused or pruned) plus `model.ctc_weight` × its CTC loss — with the count set by
-`model.normalize_by`: tokens (Σ label_lengths) or utterances. `fit` on the task is the
+The task owns the loss (`LossConfig`, the config's `loss:` section) and the heads it needs
+(`LossHeads`); the network carries only its architecture. `compute_loss_terms` returns
+(Σ per-utterance losses, count) — each utterance's RNN-T loss (full, fused or pruned) plus
+`loss.ctc_weight` × its CTC loss — with the count set by `loss.normalize_by`: tokens
+(Σ label_lengths) or utterances. `fit` on the task is the
 user's training API; `task.network` is what decoding, export and fine-tuning use.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import tensorflow as tf
 
+from asrkit.config import LossConfig
 from asrkit.losses import (
     ctc_losses,
     fused_joint_rnnt_loss,
@@ -23,93 +28,86 @@ from asrkit.losses import (
     simple_loss,
 )
 from asrkit.models.conformer import dynamic_chunk_frames
-from asrkit.models.transducer import Transducer
+from asrkit.models.joint import SimpleJoiner
+from asrkit.models.layers import CompositeLayer
+from asrkit.models.transducer import Transducer, dummy_batch
 from asrkit.tokenizer import BLANK_ID
 from asrkit.training.accumulation import AccumulatingModel
 
 
 @keras.saving.register_keras_serializable(package="asrkit")
+class LossHeads(CompositeLayer):
+    """What a loss adds to the network for training only: the pruned loss' trivial joiner
+    (`simple`) and the auxiliary CTC loss' head (`ctc`); None where the loss needs none.
+    Checkpoints keep them under `loss_heads.`; inference never builds them."""
+
+    def __init__(self, *, vocab_size: int, loss: LossConfig | dict, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = int(vocab_size)
+        self.loss = LossConfig(**loss) if isinstance(loss, dict) else loss
+        pruned = self.loss.kind == "pruned"
+        self.simple = SimpleJoiner(vocab_size=vocab_size, name="simple") if pruned else None
+        with_ctc = self.loss.ctc_weight > 0
+        self.ctc = keras.layers.Dense(vocab_size, name="ctc_head") if with_ctc else None
+
+    def get_config(self):
+        return {**super().get_config(), "vocab_size": self.vocab_size,
+                "loss": dataclasses.asdict(self.loss)}  # fmt: skip
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
 class TransducerTask(AccumulatingModel):
-    def __init__(self, network: Transducer | dict, **kwargs):
+    def __init__(self, network: Transducer | dict, loss: LossConfig | dict | None = None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(network, dict):
             network = keras.saving.deserialize_keras_object(network)
-        self.network = network
+        self.network = network  # first: the optimizer's variable order is network, then heads
+        loss = LossConfig() if loss is None else loss
+        self.heads = LossHeads(vocab_size=network.vocab_size, loss=loss, name="loss_heads")
+        self.loss_config = self.heads.loss
 
     def call(self, batch, training=False):
         return self.network(batch, training=training)
 
+    def build_heads(self, num_mel_bins: int) -> None:
+        """Builds the network and the loss' heads with one tiny forward pass."""
+        network, heads = self.network, self.heads
+        network.build_from_features(num_mel_bins)
+        unbuilt = [h for h in (heads.simple, heads.ctc) if h is not None and not h.built]
+        if not unbuilt:
+            return
+        batch = dummy_batch(num_mel_bins)
+        encoded, _ = network.encode(batch[0], batch[1])
+        if heads.simple in unbuilt:
+            heads.simple(encoded, network.predict_labels(batch[2]))
+        if heads.ctc in unbuilt:
+            heads.ctc(encoded)
+
     def compute_loss_terms(self, data, training=True):
         features, feature_lengths, labels, label_lengths = data[:4]
-        network, config = self.network, self.network.config
-        network.build_from_features(features.shape[-1])  # the fused path skips the joint's call
+        network, loss = self.network, self.loss_config
+        self.build_heads(features.shape[-1])  # the fused path skips the joint's call
         chunk = None
-        if training and config.encoder.dynamic_chunks:
-            chunk = dynamic_chunk_frames(self._updates(), config.encoder.dynamic_chunks)
+        if training and network.config.encoder.dynamic_chunks:
+            chunk = dynamic_chunk_frames(self.updates(), network.config.encoder.dynamic_chunks)
         encoded, encoder_lengths = network.encode(
             features, feature_lengths, training=training, chunk_frames=chunk
         )
         predicted = network.predict_labels(labels, training=training)
-        if config.loss == "pruned":
-            losses = self._pruned_losses(encoded, predicted, labels, encoder_lengths, label_lengths)
-        elif config.fused_joint_loss:
-            joint = network.joint
-            enc_h, pred_h = joint.project(encoded, predicted)
-            out = joint.output_layer
-            losses = fused_joint_rnnt_loss(
-                enc_h, pred_h, out.kernel, out.bias, labels, encoder_lengths, label_lengths,
-                blank=BLANK_ID, chunk_bytes=int(config.joint_chunk_mb * 2**20),
-                delay_penalty=config.delay_penalty,
-            )  # fmt: skip
-        else:
-            logits = network.join(encoded, predicted)
-            losses = rnnt_loss(
-                logits, labels, encoder_lengths, label_lengths, blank=BLANK_ID,
-                delay_penalty=config.delay_penalty,
-            )  # fmt: skip
-        if network.ctc_head is not None:
+        transducer_loss = TRANSDUCER_LOSSES[loss.kind]
+        losses = transducer_loss(self, encoded, predicted, labels, encoder_lengths, label_lengths)
+        if self.heads.ctc is not None:
             ctc = ctc_losses(
-                network.ctc_head(encoded), labels, encoder_lengths, label_lengths, BLANK_ID
+                self.heads.ctc(encoded), labels, encoder_lengths, label_lengths, BLANK_ID
             )
-            losses = losses + config.ctc_weight * ctc
-        if config.normalize_by == "tokens":
+            losses = losses + loss.ctc_weight * ctc
+        if loss.normalize_by == "tokens":
             count = tf.reduce_sum(label_lengths)
         else:
             count = tf.shape(label_lengths)[0]
         return tf.reduce_sum(losses), count
 
-    def _pruned_losses(self, encoded, predicted, labels, encoder_lengths, label_lengths):
-        """icefall's recipe: simple · simple_loss + pruned · pruned_loss, the weights warmed
-        up over optimizer updates (read from the optimizer, so never micro-batches)."""
-        network, config = self.network, self.network.config
-        chunk_bytes = int(config.pruned_chunk_mb * 2**20)
-        if config.fused_joint_loss:  # the encoder's projection to V chunk by chunk
-            am_proj = network.simple.am_proj
-            simple, occupancy = fused_simple_loss(
-                encoded, am_proj.kernel, am_proj.bias, network.simple.lm_proj(predicted),
-                labels, encoder_lengths, label_lengths, BLANK_ID, config.lm_only_scale,
-                config.am_only_scale, chunk_bytes,
-            )  # fmt: skip
-        else:
-            am, lm = network.simple(encoded, predicted)
-            simple, occupancy = simple_loss(
-                am, lm, labels, encoder_lengths, label_lengths, BLANK_ID,
-                config.lm_only_scale, config.am_only_scale,
-            )  # fmt: skip
-        s_begin = prune_ranges(occupancy, encoder_lengths, label_lengths, config.prune_range)
-        enc_h, pred_h = network.joint.project(encoded, predicted)
-        pruned = pruned_loss(
-            enc_h, pred_h, network.joint.output_layer, labels, encoder_lengths, label_lengths,
-            s_begin, config.prune_range, BLANK_ID, fused=config.fused_joint_loss,
-            chunk_bytes=chunk_bytes,
-        )  # fmt: skip
-        updates = self._updates(default=config.loss_warmup_updates)
-        simple_weight, pruned_weight = loss_scales(
-            updates, config.loss_warmup_updates, config.simple_loss_scale
-        )
-        return simple_weight * simple + pruned_weight * pruned
-
-    def _updates(self, default: int = 0):
+    def updates(self, default: int = 0):
         """Optimizer updates so far (never micro-batches): what schedules inside the loss
         count in; `default` before the task is compiled."""
         optimizer = getattr(self, "optimizer", None)
@@ -119,4 +117,56 @@ class TransducerTask(AccumulatingModel):
         return {
             **super().get_config(),
             "network": keras.saving.serialize_keras_object(self.network),
+            "loss": dataclasses.asdict(self.loss_config),
         }
+
+
+def full_losses(task, encoded, predicted, labels, encoder_lengths, label_lengths):
+    """The RNN-T loss over the whole lattice, per utterance: fused with the joint's output
+    layer chunk by chunk (`loss.fused`), or from the joint's logits (the reference)."""
+    joint, loss = task.network.joint, task.loss_config
+    if loss.fused:
+        enc_h, pred_h = joint.project(encoded, predicted)
+        out = joint.output_layer
+        return fused_joint_rnnt_loss(
+            enc_h, pred_h, out.kernel, out.bias, labels, encoder_lengths, label_lengths,
+            blank=BLANK_ID, chunk_bytes=int(loss.chunk_mb * 2**20),
+            delay_penalty=loss.delay_penalty,
+        )  # fmt: skip
+    return rnnt_loss(
+        joint(encoded, predicted), labels, encoder_lengths, label_lengths, blank=BLANK_ID,
+        delay_penalty=loss.delay_penalty,
+    )  # fmt: skip
+
+
+def pruned_losses(task, encoded, predicted, labels, encoder_lengths, label_lengths):
+    """icefall's recipe: simple · simple_loss + pruned · pruned_loss, the weights warmed up
+    over optimizer updates (read from the optimizer, so never micro-batches)."""
+    joint, config, joiner = task.network.joint, task.loss_config, task.heads.simple
+    chunk_bytes = int(config.pruned_chunk_mb * 2**20)
+    if config.fused:  # the encoder's projection to V chunk by chunk
+        simple, occupancy = fused_simple_loss(
+            encoded, joiner.am_proj.kernel, joiner.am_proj.bias, joiner.lm_proj(predicted),
+            labels, encoder_lengths, label_lengths, BLANK_ID, config.lm_only_scale,
+            config.am_only_scale, chunk_bytes,
+        )  # fmt: skip
+    else:
+        am, lm = joiner(encoded, predicted)
+        simple, occupancy = simple_loss(
+            am, lm, labels, encoder_lengths, label_lengths, BLANK_ID,
+            config.lm_only_scale, config.am_only_scale,
+        )  # fmt: skip
+    s_begin = prune_ranges(occupancy, encoder_lengths, label_lengths, config.prune_range)
+    enc_h, pred_h = joint.project(encoded, predicted)
+    pruned = pruned_loss(
+        enc_h, pred_h, joint.output_layer, labels, encoder_lengths, label_lengths,
+        s_begin, config.prune_range, BLANK_ID, fused=config.fused, chunk_bytes=chunk_bytes,
+    )  # fmt: skip
+    updates = task.updates(default=config.warmup_updates)
+    simple_weight, pruned_weight = loss_scales(updates, config.warmup_updates, config.simple_scale)
+    return simple_weight * simple + pruned_weight * pruned
+
+
+# loss.kind -> the per-utterance transducer loss (before the auxiliary CTC loss). A new
+# kind is a function here (and its heads in LossHeads), composed from asrkit.losses.
+TRANSDUCER_LOSSES = {"full": full_losses, "pruned": pruned_losses}

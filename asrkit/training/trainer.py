@@ -133,7 +133,7 @@ def build_task(
     if optimizer is None:
         schedule = learning_rate_schedule(config, total_updates)
         optimizer = keras.optimizers.AdamW(schedule, weight_decay=t.weight_decay)
-    task = TransducerTask(network, name="transducer_task")
+    task = TransducerTask(network, config.loss, name="transducer_task")
     task.compile(
         optimizer,
         accumulation_steps=steps,
@@ -159,9 +159,9 @@ def process_settings(config: ExperimentConfig):
 def config_cautions(config: ExperimentConfig) -> list[str]:
     """Settings that are valid but known to train badly, each with what to do instead."""
     cautions = []
-    if config.model.loss == "pruned" and config.model.predictor.kind == "lstm":
+    if config.loss.kind == "pruned" and config.model.predictor.kind == "lstm":
         cautions.append(
-            "model.loss=pruned with an LSTM predictor did not train on the mini recipe (test "
+            "loss.kind=pruned with an LSTM predictor did not train on the mini recipe (test "
             "WER 74.8 % against 8.3 % with the full loss); pair it with "
             "model.predictor.kind=stateless, as icefall does"
         )
@@ -266,7 +266,7 @@ def _restore_or_init(task: TransducerTask, run: _Run, init_from: str | None) -> 
                 stacklevel=2,
             )
             continue
-        state = restore(task.network, latest, task.optimizer)
+        state = restore(task.network, latest, task.optimizer, heads=task.heads)
         run.log(f"resumed from {latest.name}: epoch {state.epoch}, {state.updates} updates")
         return state
     if init_from:
@@ -328,7 +328,7 @@ def _run_epochs(task, run: _Run, data: _TrainingData, state: TrainState, stop) -
             run.log(
                 f"epoch {state.epoch}: dev WER {dev_wer * 100:.2f} % (greedy, {decoding:.1f} s)"
             )
-        last = manager.save(task.network, state, task.optimizer)
+        last = manager.save(task.network, state, task.optimizer, heads=task.heads)
     return TrainResult(state, dev_wer, _parameters(task), 0.0, epoch_losses, stop.signal, last)
 
 

@@ -117,9 +117,7 @@ def test_mixed_float16_hidden_states_keep_float32_logits():
 @pytest.mark.parametrize("kind", ["lstm", "conformer"])
 def test_the_task_trains_the_same_fused_or_not(kind):
     """Every trainable variable's gradient through the whole transducer, fused vs not."""
-    import dataclasses
-
-    from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
+    from asrkit.config import EncoderConfig, LossConfig, ModelConfig, PredictorConfig
     from asrkit.models.transducer import Transducer
     from asrkit.training.task import TransducerTask
 
@@ -135,7 +133,7 @@ def test_the_task_trains_the_same_fused_or_not(kind):
     results = []
     for fused in (True, False):
         keras.utils.set_random_seed(0)
-        task = TransducerTask(Transducer(12, dataclasses.replace(config, fused_joint_loss=fused)))
+        task = TransducerTask(Transducer(12, config), LossConfig(fused=fused))
         with tf.GradientTape() as tape:
             loss_sum, _ = task.compute_loss_terms(batch, training=True)
         results.append((float(loss_sum), tape.gradient(loss_sum, task.trainable_variables)))

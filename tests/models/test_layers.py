@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
+from asrkit.config import EncoderConfig, LossConfig, ModelConfig, PredictorConfig
 from asrkit.models.conformer import (
     ConformerBlock,
     ConformerEncoder,
@@ -152,9 +152,8 @@ def _tiny_transducer(kind="lstm", normalize_by="tokens"):
                               subsampling_filters=8, lstm_units=16, lstm_layers=1, dropout=0.0),
         predictor=PredictorConfig(embed_dim=8, units=16, dropout=0.0),
         joint_dim=16,
-        normalize_by=normalize_by,
     )  # fmt: skip
-    return TransducerTask(Transducer(12, config))
+    return TransducerTask(Transducer(12, config), LossConfig(normalize_by=normalize_by))
 
 
 @pytest.mark.parametrize("kind", ["lstm", "conformer"])

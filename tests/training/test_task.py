@@ -1,4 +1,4 @@
-"""The training task's loss terms: the auxiliary CTC loss adds exactly `ctc_weight` × the
+"""The training task's loss terms: the auxiliary CTC loss adds exactly `loss.ctc_weight` × the
 CTC loss of its head's logits to each utterance, and only a network trained with it carries
 the head; dynamic chunk training uses the chunk of the current update."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.config import EncoderConfig
+from asrkit.config import EncoderConfig, LossConfig
 from asrkit.losses import ctc_losses
 from asrkit.models.conformer import dynamic_chunk_frames
 from asrkit.models.transducer import Transducer
@@ -23,21 +23,22 @@ def test_auxiliary_ctc_adds_its_weighted_loss_to_each_utterance(fused):
     batch = (rng.standard_normal((3, 64, 80)).astype(np.float32), np.array([64, 40, 28]),
              np.array([[1, 2, 2, 4], [5, 6, 0, 0], [7, 0, 0, 0]], np.int32),
              np.array([4, 2, 1]))  # fmt: skip
-    plain_config = dataclasses.replace(tiny_model_config(), fused_joint_loss=fused)
     keras.utils.set_random_seed(0)
-    plain = TransducerTask(Transducer(9, plain_config))
-    with_ctc = TransducerTask(Transducer(9, dataclasses.replace(plain_config, ctc_weight=0.4)))
-    for task in (plain, with_ctc):
-        task.network.build_from_features(80)
-    with_ctc.network.set_weights(
-        plain.network.get_weights() + with_ctc.network.ctc_head.get_weights()
+    plain = TransducerTask(Transducer(9, tiny_model_config()), LossConfig(fused=fused))
+    with_ctc = TransducerTask(
+        Transducer(9, tiny_model_config()), LossConfig(fused=fused, ctc_weight=0.4)
     )
-    assert plain.network.ctc_head is None
-    assert len(with_ctc.network.weights) == len(plain.network.weights) + 2
+    for task in (plain, with_ctc):
+        task.build_heads(80)
+    with_ctc.network.set_weights(plain.network.get_weights())
+    # The head is the task's (its loss'), never the network's: inference never builds it.
+    assert plain.heads.ctc is None and with_ctc.heads.ctc is not None
+    assert len(with_ctc.network.weights) == len(plain.network.weights)
+    assert len(with_ctc.trainable_variables) == len(plain.trainable_variables) + 2
     base, count = plain.compute_loss_terms(batch, training=False)
     total, same_count = with_ctc.compute_loss_terms(batch, training=False)
     encoded, lengths = with_ctc.network.encode(batch[0], batch[1])
-    ctc = ctc_losses(with_ctc.network.ctc_head(encoded), batch[2], lengths, batch[3])
+    ctc = ctc_losses(with_ctc.heads.ctc(encoded), batch[2], lengths, batch[3])
     assert int(count) == int(same_count) == 7
     assert float(tf.reduce_sum(ctc)) > 0
     assert float(total) == pytest.approx(float(base) + 0.4 * float(tf.reduce_sum(ctc)), rel=1e-5)
@@ -85,7 +86,7 @@ def test_dynamic_chunks_train_each_update_with_that_updates_chunk():
 
 
 def test_the_pruned_loss_is_the_same_fused_or_plain():
-    """`model.fused_joint_loss` with `model.loss: pruned` (the simple loss' projection and
+    """`loss.fused` with `loss.kind: pruned` (the simple loss' projection and
     the band chunk by chunk) = the plain pruned loss: the loss and every variable's
     gradient, smoothing on."""
     rng = np.random.default_rng(4)
@@ -93,20 +94,22 @@ def test_the_pruned_loss_is_the_same_fused_or_plain():
              np.array([64, 40, 28], np.int32),
              np.array([[1, 2, 2, 4], [5, 6, 0, 0], [7, 0, 0, 0]], np.int32),
              np.array([4, 2, 1], np.int32))  # fmt: skip
-    config = dataclasses.replace(
-        tiny_model_config(predictor="stateless"), loss="pruned", prune_range=2,
-        lm_only_scale=0.25, am_only_scale=0.1, pruned_chunk_mb=0.01,
-    )  # fmt: skip
+    loss = LossConfig(kind="pruned", prune_range=2, lm_only_scale=0.25, am_only_scale=0.1,
+                      pruned_chunk_mb=0.01)  # fmt: skip
     results, weights = [], None
     for fused in (False, True):
         keras.utils.set_random_seed(0)
-        task = TransducerTask(Transducer(9, dataclasses.replace(config, fused_joint_loss=fused)))
-        task.network.build_from_features(80)
-        weights = weights or task.network.get_weights()
-        task.network.set_weights(weights)
+        task = TransducerTask(
+            Transducer(9, tiny_model_config(predictor="stateless")),
+            dataclasses.replace(loss, fused=fused),
+        )
+        task.build_heads(80)
+        weights = weights or [v.numpy() for v in task.trainable_variables]
+        for variable, value in zip(task.trainable_variables, weights, strict=True):
+            variable.assign(value)
         with tf.GradientTape() as tape:
             total, _ = task.compute_loss_terms(batch, training=False)
-        variables = task.network.trainable_variables
+        variables = task.trainable_variables
         results.append([total, *tape.gradient(total, variables)])
     assert len(results[1]) > 10
     for got, want in zip(results[1], results[0], strict=True):

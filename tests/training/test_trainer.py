@@ -463,21 +463,21 @@ def test_verify_accumulation_passes_on_the_real_transducer(workdir):
 
 
 def test_the_pruned_loss_with_an_lstm_predictor_is_cautioned_against():
-    pruned = ["model.loss=pruned"]
+    pruned = ["loss.kind=pruned"]
     assert any("stateless" in c for c in config_cautions(load_config(None, pruned)))
     stateless = load_config(None, [*pruned, "model.predictor.kind=stateless"])
     assert config_cautions(stateless) == [] and config_cautions(load_config(None)) == []
 
 
 def test_verify_accumulation_passes_with_the_pruned_loss(workdir):
-    report = _verify(workdir, "model.loss=pruned", "model.prune_range=3")
+    report = _verify(workdir, "loss.kind=pruned", "loss.prune_range=3")
     assert report.passed and report.max_relative_difference < 1e-5
 
 
 def test_verify_accumulation_passes_with_a_delay_penalty(workdir):
     """The penalty is centred on each utterance's own frames, so micro-batches padded to
     different lengths still make their union's update."""
-    report = _verify(workdir, "model.delay_penalty=0.05")
+    report = _verify(workdir, "loss.delay_penalty=0.05")
     assert report.passed and report.max_relative_difference < 1e-5
 
 
@@ -616,7 +616,7 @@ def test_two_worker_training_equals_one_process_with_the_same_global_batches(wor
 
 @pytest.mark.slow  # ~11 s; the CTC loss itself is tested in tests/losses/test_ctc.py
 def test_verify_accumulation_passes_with_an_auxiliary_ctc_loss(workdir):
-    report = _verify(workdir, "model.ctc_weight=0.5")
+    report = _verify(workdir, "loss.ctc_weight=0.5")
     assert report.passed and report.max_relative_difference < 1e-5
 
 
