@@ -2,10 +2,9 @@
 
 Prints four tables:
 1. time per micro-batch with N=8 vs N=1 on a frame-wise MLP "encoder" of ~2.6 M parameters;
-2. extra peak process memory of micro-batch B with N=8, batch B with N=1 and batch 8B with
-   N=1 (VmHWM above the resident size once the model, optimizer and engine exist and one
-   warm-up epoch ran; a fresh subprocess per run, oneDNN's caching allocator off so freed
-   memory is seen, one malloc arena; minimum of 3 runs, since allocator noise only adds);
+2. extra peak tensor memory of micro-batch B with N=8, batch B with N=1 and batch 8B with
+   N=1 (TensorFlow's allocator peak above what it held once the model, optimizer and
+   engine exist and one warm-up epoch ran; a fresh subprocess per run; min of 3 runs);
 3. on one device with variable-length micro-batches, the max weight deviation from the
    large-batch reference after one epoch, for asrkit and for Keras' built-in
    `gradient_accumulation_steps` (which averages per-micro-batch means);
@@ -19,14 +18,13 @@ Prints four tables:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
 
-from memory_probe import reset_peak, rss_kib
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import child_request, reply, run_child
 
 FEATURES, HIDDEN, LAYERS = 80, 1024, 3
 
@@ -98,9 +96,10 @@ def run_config(
     params = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
     model.fit(data.take(steps * 2), verbose=0)  # warm-up: tracing
     if measure == "memory":
-        base = reset_peak()
-        model.fit(data, verbose=0)
-        return {"params": params, "extra_mib": (rss_kib("VmHWM") - base) / 1024}
+        from asrkit.training.memory_meter import allocator_peak
+
+        extra = allocator_peak(lambda: model.fit(data, verbose=0))
+        return {"params": params, "extra_mib": extra / 2**20}
     times = []
     for _ in range(3):
         start = time.perf_counter()
@@ -187,31 +186,23 @@ def exactness(steps: int = 4, seed: int = 0) -> dict:
     return {"asrkit": deviation(ours), "keras": deviation(theirs), "update": update}
 
 
-def _child(spec: dict, env_extra: dict) -> dict:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env_extra)
-    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def _child(spec: dict) -> dict:
+    return run_child(__file__, spec)
 
 
 def main() -> None:
+    request = child_request()
+    if request is not None:
+        kind = request["kind"]
+        reply(exactness() if kind == "exactness" else run_config(**request["config"]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16, help="micro-batch size B")
     parser.add_argument("--frames", type=int, default=200)
     parser.add_argument("--micro-batches", type=int, default=32)
     parser.add_argument("--tables", default="1,2,3,4", help="which tables to print")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     tables = {int(t) for t in args.tables.split(",")}
-    if args.child:
-        spec = json.loads(args.child)
-        if spec["kind"] == "exactness":
-            print(json.dumps(exactness()))
-        else:
-            print(json.dumps(run_config(**spec["config"])))
-        return
 
     b, n, t, m = args.batch, 8, args.frames, args.micro_batches
     if 1 in tables:
@@ -229,16 +220,15 @@ def _timing_table(b, n, t, m):
     timing = {}
     for steps in (1, n):
         config = dict(batch=b, steps=steps, frames=t, micro_batches=m, measure="time")
-        timing[steps] = _child({"kind": "run", "config": config}, {})
+        timing[steps] = _child({"kind": "run", "config": config})
         print(f"   N={steps}: {timing[steps]['s_per_micro_batch'] * 1e3:8.2f} ms", flush=True)
     overhead = timing[n]["s_per_micro_batch"] / timing[1]["s_per_micro_batch"] - 1
     print(f"   params {timing[1]['params']:,}; overhead of N={n}: {overhead * 100:+.1f} %")
 
 
 def _memory_table(b, n, t, m):
-    print("2. extra peak process memory (min of 3 runs)")
+    print("2. extra peak tensor memory (allocator, min of 3 runs)")
     memory = {}
-    env = {"TF_ENABLE_ONEDNN_OPTS": "0", "MALLOC_ARENA_MAX": "1"}
     for label, batch, steps, count in (
         (f"B={b}, N={n}", b, n, m),
         (f"B={b}, N=1", b, 1, m),
@@ -246,7 +236,7 @@ def _memory_table(b, n, t, m):
     ):
         config = dict(batch=batch, steps=steps, frames=t, micro_batches=count, measure="memory")
         # Allocator noise only ever adds to a peak: the minimum of 3 fresh runs is the estimate.
-        runs = [_child({"kind": "run", "config": config}, env) for _ in range(3)]
+        runs = [_child({"kind": "run", "config": config}) for _ in range(3)]
         memory[label] = min(runs, key=lambda r: r["extra_mib"])
         spread = ", ".join(f"{r['extra_mib']:.0f}" for r in runs)
         print(
@@ -258,7 +248,7 @@ def _memory_table(b, n, t, m):
 
 def _exactness_table():
     print("3. max |w - w_ref| after one epoch of variable-size micro-batches (SGD, N=4)")
-    result = _child({"kind": "exactness"}, {})
+    result = _child({"kind": "exactness"})
     print(
         f"   asrkit: {result['asrkit']:.2e}   keras gradient_accumulation_steps: "
         f"{result['keras']:.2e}   (largest weight change {result['update']:.2e})"
@@ -271,7 +261,7 @@ def _mirrored_table(b, n, t, m):
     for jit in (False, True):
         config = dict(batch=b, steps=n, frames=t, micro_batches=m, measure="time",
                       mirrored=True, jit_compile=jit)  # fmt: skip
-        mirrored[jit] = _child({"kind": "run", "config": config}, {})["s_per_micro_batch"]
+        mirrored[jit] = _child({"kind": "run", "config": config})["s_per_micro_batch"]
         print(f"   jit_compile={jit!s:5}: {mirrored[jit] * 1e3:8.2f} ms", flush=True)
     print(f"   XLA vs plain: {mirrored[True] / mirrored[False]:.2f}x")
 

@@ -21,13 +21,13 @@ loss part: its memory and time minus the encoder's, and the ratios fused / prune
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import child_request, reply, run_child
 
 CONFORMER_S = Path(__file__).resolve().parents[1] / "recipes/librispeech/conf/conformer_s.yaml"
 MODES = {
@@ -57,6 +57,7 @@ def run(
 
     from asrkit.config import load_config
     from asrkit.models.transducer import Transducer
+    from asrkit.training.memory_meter import allocator_peak
     from asrkit.training.task import TransducerTask
 
     class EncoderOnlyTask(TransducerTask):
@@ -68,7 +69,7 @@ def run(
             return tf.reduce_mean(tf.square(tf.cast(encoded, tf.float32))), 1
 
     mode_overrides = [f"{k}={str(v).lower()}" for k, v in MODES[mode].items()]
-    model = load_config(config, [*mode_overrides, *overrides]).model
+    experiment = load_config(config, [*mode_overrides, *overrides])
     frames = int(seconds * 100)
     rng = np.random.default_rng(0)
     data = (
@@ -78,38 +79,29 @@ def run(
         np.full(batch, labels, np.int32),
     )
     keras.utils.set_random_seed(0)
-    task = (EncoderOnlyTask if mode == "encoder" else TransducerTask)(Transducer(vocab, model))
+    kind = EncoderOnlyTask if mode == "encoder" else TransducerTask
+    task = kind(Transducer(vocab, experiment.model), experiment.loss)
     task.compile(keras.optimizers.AdamW(1e-4), accumulation_steps=1)
     task.build_engine(data)
     dataset = tf.data.Dataset.from_tensors(data)
     task.fit(dataset, verbose=0)  # warm-up: tracing and the first allocation
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    held = tf.config.experimental.get_memory_info("CPU:0")["current"]
     times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        task.fit(dataset, verbose=0)
-        times.append(time.perf_counter() - start)
-    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-    return {"extra_mib": (peak - held) / 2**20, "seconds": statistics.median(times)}
 
+    def timed_steps():
+        for _ in range(steps):
+            start = time.perf_counter()
+            task.fit(dataset, verbose=0)
+            times.append(time.perf_counter() - start)
 
-def _child(spec: dict) -> dict:
-    quiet = {
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-        "TF_ENABLE_ONEDNN_OPTS": "0",
-        "MALLOC_ARENA_MAX": "1",
-        "TF_CPU_ALLOCATOR_USE_BFC": "true",
-    }
-    env = dict(os.environ, **quiet)
-    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    extra = allocator_peak(timed_steps)
+    return {"extra_mib": extra / 2**20, "seconds": statistics.median(times)}
 
 
 def main() -> None:
+    request = child_request()
+    if request is not None:
+        reply(run(**request))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=20.0)
@@ -125,11 +117,7 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a config override for every mode (repeatable)",
     )
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        print(json.dumps(run(**json.loads(args.child))))
-        return
     modes = args.modes.split(",")
     print(f"{Path(args.config).name}, {args.batch} x {args.seconds:.0f} s, U = {args.labels}, "
           f"float32{''.join(' ' + o for o in args.set)}: "
@@ -142,7 +130,7 @@ def main() -> None:
             spec = dict(mode=mode, vocab=vocab, batch=args.batch, seconds=args.seconds,
                         labels=args.labels, steps=args.steps, config=args.config,
                         overrides=args.set)  # fmt: skip
-            r = results[vocab, mode] = _child(spec)
+            r = results[vocab, mode] = run_child(__file__, spec)
             cells.append(f"{r['extra_mib']:7.0f} MiB {r['seconds']:7.2f} s")
         print(f"{vocab:>6} | " + " | ".join(f"{c:>22}" for c in cells), flush=True)
     if "encoder" in modes:

@@ -16,11 +16,12 @@ a few MiB). The whole training step's figures are `tools/bench_joint.py`'s.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import child_request, reply, run_child
 
 ENCODER, PREDICTOR, JOINT = 144, 320, 320
 LOSSES = ("fused", "pruned")
@@ -32,6 +33,7 @@ def run(loss: str, batch: int, frames: int, labels: int, vocab: int, chunk_mb: f
     import tensorflow as tf
 
     from asrkit.losses import fused_joint_rnnt_loss, fused_simple_loss, prune_ranges, pruned_loss
+    from asrkit.training.memory_meter import allocator_peak
 
     rng = np.random.default_rng(0)
     encoded = tf.constant(rng.standard_normal((batch, frames, ENCODER)), tf.float32)
@@ -73,23 +75,14 @@ def run(loss: str, batch: int, frames: int, labels: int, vocab: int, chunk_mb: f
         return total, [g for g in grads if g is not None]
 
     step(encoded, predicted)  # tracing and first allocations
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    held = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    step(encoded, predicted)
-    return (tf.config.experimental.get_memory_info("CPU:0")["peak"] - held) / 2**20
-
-
-def _child(spec: dict) -> float:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0",
-               TF_CPU_ALLOCATOR_USE_BFC="true")  # fmt: skip
-    cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
-    return float(proc.stdout.strip().splitlines()[-1])
+    return allocator_peak(lambda: step(encoded, predicted)) / 2**20
 
 
 def main() -> None:
+    request = child_request()
+    if request is not None:
+        reply(run(**request))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="2,16")
     parser.add_argument("--seconds", type=float, default=20.0)
@@ -98,11 +91,7 @@ def main() -> None:
     parser.add_argument("--joint-chunk-mb", type=float, default=64.0)
     parser.add_argument("--pruned-chunk-mb", type=float, default=8.0)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        print(run(**json.loads(args.child)))
-        return
     frames = int(args.seconds * 25)  # the encoder's 40 ms frames
     budget = {"fused": args.joint_chunk_mb, "pruned": args.pruned_chunk_mb}
     print(f"loss alone, T = {frames}, U = {args.labels}, V = {args.vocab}, float32: peak tensor "
@@ -114,7 +103,7 @@ def main() -> None:
         for loss in LOSSES:
             spec = dict(loss=loss, batch=batch, frames=frames, labels=args.labels,
                         vocab=args.vocab, chunk_mb=budget[loss])  # fmt: skip
-            cells[loss] = sorted(_child(spec) for _ in range(args.repeats))
+            cells[loss] = sorted(run_child(__file__, spec) for _ in range(args.repeats))
         text = [f"{c[0]:6.1f}-{c[-1]:6.1f} MiB" for c in cells.values()]
         fused, pruned = (statistics.median(cells[loss]) for loss in LOSSES)
         line = f"{batch:>4} | " + " | ".join(f"{t:>17}" for t in text)

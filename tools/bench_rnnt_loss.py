@@ -2,8 +2,8 @@
 
 For each shape (B, T, U, V) and each implementation, with and without XLA, prints the median
 forward+backward wall time and the extra peak process memory, also as a multiple of the
-logits' size. Extra peak = VmHWM during the timed passes minus the resident size before them
-(after one warm-up pass, which includes tracing/compilation, and a malloc_trim); the gradient
+logits' size. Extra peak = TensorFlow's allocator peak during the timed passes above what it
+held before them (after one warm-up pass, which includes tracing/compilation); the gradient
 itself (1x the logits) is part of it. Every configuration runs in its own subprocess.
 
     python tools/bench_rnnt_loss.py                       # the three reference shapes
@@ -13,14 +13,13 @@ itself (1x the logits) is part of it. Every configuration runs in its own subpro
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
 
-from memory_probe import reset_peak, rss_kib
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import child_request, reply, run_child
 
 DEFAULT_SHAPES = ["8,150,40,256", "16,300,80,512", "16,400,100,1024"]
 
@@ -77,15 +76,19 @@ def run_one(shape: tuple[int, int, int, int], impl: str, xla: bool, reps: int) -
 
     total, grad = step(logits)  # warm-up: tracing and XLA compilation are not measured
     del grad
-    base_kib = reset_peak()
     times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        total, grad = step(logits)
-        float(grad[0, 0, 0, 0])  # wait for the result (grad.numpy() would copy 1x the logits)
-        times.append(time.perf_counter() - start)
-        del grad
-    extra = (rss_kib("VmHWM") - base_kib) * 1024
+
+    def timed_passes():
+        for _ in range(reps):
+            start = time.perf_counter()
+            _, grad = step(logits)
+            float(grad[0, 0, 0, 0])  # wait for it (grad.numpy() would copy 1x the logits)
+            times.append(time.perf_counter() - start)
+            del grad
+
+    from asrkit.training.memory_meter import allocator_peak
+
+    extra = allocator_peak(timed_passes)
     logits_bytes = logits.shape.num_elements() * 4
     return {
         "shape": list(shape),
@@ -100,21 +103,16 @@ def run_one(shape: tuple[int, int, int, int], impl: str, xla: bool, reps: int) -
 
 
 def main() -> None:
+    request = child_request()
+    if request is not None:
+        shape, impl, xla, reps = (request[k] for k in ("shape", "impl", "xla", "reps"))
+        reply(run_one(tuple(shape), impl, xla, reps))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="B,T,U,V")
     parser.add_argument("--impls", nargs="+", default=["asrkit", "autodiff"])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        spec = json.loads(args.child)
-        print(json.dumps(run_one(tuple(spec["shape"]), spec["impl"], spec["xla"], args.reps)))
-        return
-
-    # oneDNN builds route large CPU allocations through a caching BFC pool that never returns
-    # memory to the OS, which would hide the peak; with oneDNN opts off TF uses plain malloc.
-    # The loss uses no oneDNN kernels (no matmul/conv), so timings are unaffected.
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0")
     print(
         f"{'B,T,U,V':>18} {'impl':>9} {'xla':>4} {'median s':>9} {'extra GiB':>10} {'x logits':>9}"
     )
@@ -122,14 +120,13 @@ def main() -> None:
         shape = [int(v) for v in text.split(",")]
         for impl in args.impls:
             for xla in (False, True):
-                spec = json.dumps({"shape": shape, "impl": impl, "xla": xla})
-                cmd = [sys.executable, __file__, "--child", spec, "--reps", str(args.reps)]
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                if proc.returncode != 0:
-                    tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+                spec = {"shape": shape, "impl": impl, "xla": xla, "reps": args.reps}
+                try:
+                    r = run_child(__file__, spec)
+                except RuntimeError as err:
+                    tail = str(err).strip().splitlines()[-1:] or ["(no output)"]
                     print(f"{text:>18} {impl:>9} {xla!s:>4}  failed: {tail[0]}")
                     continue
-                r = json.loads(proc.stdout.strip().splitlines()[-1])
                 print(
                     f"{text:>18} {impl:>9} {xla!s:>4} {r['median_s']:9.3f} "
                     f"{r['extra_peak_gib']:10.2f} {r['extra_peak_x_logits']:9.2f}",

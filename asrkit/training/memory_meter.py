@@ -145,15 +145,23 @@ def _serve(config_path: str, vocab_size: int, device: str, memory_limit: int) ->
             )  # fmt: skip
             try:
                 step(batch)
-                tf.config.experimental.reset_memory_stats(device)
-                before = tf.config.experimental.get_memory_info(device)["current"]
-                step(batch)
-                peak = tf.config.experimental.get_memory_info(device)["peak"]
                 # What the step itself takes on top of the model's lasting state (caches a
                 # previous shape left behind are not this shape's).
-                _reply({"peak": baseline + peak - before})
+                _reply({"peak": baseline + allocator_peak(lambda b=batch: step(b), device)})
             except tf.errors.ResourceExhaustedError:
                 _reply({"oom": True})
+
+
+def allocator_peak(run, device: str = "CPU:0") -> int:
+    """Bytes TensorFlow's allocator held at its peak during `run()` above what it held
+    before (the tensors `run` made; on a CPU only with `TF_CPU_ALLOCATOR_USE_BFC=true`
+    set before TensorFlow started). The one memory measurement of asrkit and its tools."""
+    import tensorflow as tf
+
+    tf.config.experimental.reset_memory_stats(device)
+    before = tf.config.experimental.get_memory_info(device)["current"]
+    run()
+    return tf.config.experimental.get_memory_info(device)["peak"] - before
 
 
 def _reply(answer: dict) -> None:

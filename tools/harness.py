@@ -1,0 +1,51 @@
+"""What the benchmarks share: one child-process launcher with one environment.
+
+Every measurement that must not see the others' memory or compiled graphs runs in a fresh
+child process (`run_child`), with TensorFlow's BFC allocator switched on for the CPU so that
+`asrkit.training.memory_meter.allocator_peak` reads a step's exact tensor peak — the method
+`asrkit plan` uses (docs/memory.md). A tool calls `child_request(args)` first: in a child it
+returns the request the parent sent, in the parent None.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+# The one environment of every measuring child: TensorFlow quiet, the BFC allocator on the
+# CPU (exact peaks), oneDNN's own caching pool off, one malloc arena.
+CHILD_ENV = {
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+    "TF_CPU_ALLOCATOR_USE_BFC": "true",
+    "TF_ENABLE_ONEDNN_OPTS": "0",
+    "MALLOC_ARENA_MAX": "1",
+}
+_FLAG = "--child-request"
+
+
+def run_child(script: str, request: dict, timeout: float | None = None):
+    """Runs `script` in a fresh process with `request`; returns what the child passed to
+    `reply` (a RuntimeError with the child's last stderr lines if it failed)."""
+    proc = subprocess.run(
+        [sys.executable, script, _FLAG, json.dumps(request)],
+        capture_output=True, text=True, env=dict(os.environ, **CHILD_ENV), timeout=timeout,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script} child failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def child_request(argv: list[str] | None = None) -> dict | None:
+    """In a child started by `run_child`: its request; in the parent: None."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == _FLAG:
+        return json.loads(argv[1])
+    return None
+
+
+def reply(answer) -> None:
+    """A child's answer to `run_child` (the last line it prints)."""
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
