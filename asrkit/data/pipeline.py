@@ -280,3 +280,12 @@ def _pad_to_bucket(batch: dict, boundaries: list[int], label_multiple: int = 1) 
     label_pad = -tf.shape(labels)[1] % label_multiple
     labels = tf.pad(labels, [[0, 0], [0, label_pad]])
     return Batch(features, batch["feature_lengths"], labels, batch["label_lengths"])
+
+
+def for_every_worker(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """A training dataset as the trainer distributes it: every worker reads the same global
+    micro-batches and takes its slice of each, so all workers run the same number of steps
+    (file sharding would not). Adds no autotuning (see `make_dataset`)."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)

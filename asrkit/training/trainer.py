@@ -55,6 +55,7 @@ from asrkit.data.order import (
 )
 from asrkit.data.pipeline import (
     PipelineConfig,
+    for_every_worker,
     index_shards,
     make_dataset,
     pipeline_config,
@@ -428,11 +429,7 @@ def _dataset(config: ExperimentConfig, data: _TrainingData, epoch: int, skip: in
         skip_batches=skip, num_mel_bins=config.features.num_mel_bins, normalize=data.normalize,
         index=data.index,
     )  # fmt: skip
-    # Every worker reads the same global micro-batches and takes its slice of each, so all
-    # workers run the same number of steps (file sharding would not).
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return dataset.with_options(options)
+    return for_every_worker(dataset)
 
 
 def _dev_wer(network, config: ExperimentConfig, tokenizer, data: _TrainingData) -> float:

@@ -15,6 +15,7 @@ from asrkit.data.pipeline import (
     PipelineConfig,
     SpecAugmentConfig,
     bucket_plan,
+    for_every_worker,
     frequency_warp,
     index_shards,
     make_dataset,
@@ -237,28 +238,19 @@ def test_shard_lengths_match_the_records(tmp_path):
         shard_lengths(tmp_path)
 
 
-def test_no_autotuning_thread_outlives_an_epoch(tmp_path):
+def test_no_autotuning_in_any_pipeline_also_as_the_trainer_distributes_it(tmp_path):
     """tf.data's autotuning is off in every pipeline, also after the trainer adds its own
-    options: with it on (TF 2.21) freeing a spent training iterator blocked for up to a
-    minute (measured: 56 s), stalling whatever ran when the garbage collector freed it.
-    And a fully read iterator is freed at once."""
-    import gc
-    import time
-
+    options (`for_every_worker`, the trainer's own code): with it on (TF 2.21) freeing a
+    spent training iterator blocked for up to a minute, stalling whatever ran when the
+    garbage collector freed it."""
     files, lengths = fake_shards(tmp_path)
     config = PipelineConfig(batch_seconds=8.0, num_buckets=4)
     plan = bucket_plan(lengths, config)
     for training in (True, False):
-        dataset = make_dataset(files, config, *plan, training=training, seed=1)
-        options = tf.data.Options()  # as the trainer adds them
-        options.experimental_distribute.auto_shard_policy = (
-            tf.data.experimental.AutoShardPolicy.DATA
-        )
-        dataset = dataset.with_options(options)
-        assert dataset.options().autotune.enabled is False
-        iterator = iter(dataset)
-        assert sum(1 for _ in iterator) > 0
-        start = time.monotonic()
-        del iterator
-        gc.collect()
-        assert time.monotonic() - start < 5.0
+        plain = make_dataset(files, config, *plan, training=training, seed=1)
+        distributed = for_every_worker(plain)
+        for dataset in (plain, distributed):
+            assert dataset.options().autotune.enabled is False
+        policy = distributed.options().experimental_distribute.auto_shard_policy
+        assert policy == tf.data.experimental.AutoShardPolicy.DATA
+        assert sum(1 for _ in distributed) == sum(1 for _ in plain) > 0

@@ -12,7 +12,7 @@ from asrkit.training.keras_hooks import (
 from asrkit.training.keras_hooks import (
     gradients_already_reduced as _gradients_already_reduced,
 )
-from tests.training.toy import TokenRegressor
+from tests.training.toy import TokenRegressor, make_batches, make_dataset
 
 
 def _apply_known_gradient(strategy, hook):
@@ -52,11 +52,27 @@ def test_hook_is_removed_after_use():
     assert optimizer._all_reduce_sum_gradients.__func__ is type(optimizer)._all_reduce_sum_gradients
 
 
-def test_fit_calls_the_symbolic_build_we_override():
-    # Keras' own version reduces the first distributed batch with MEAN and fails on odd
-    # global batches; ours replaces it. If Keras renames it, ours silently stops applying.
+def test_fit_calls_the_symbolic_build_we_override(monkeypatch):
+    """Keras' own version reduces the first distributed batch with MEAN and fails on odd
+    global batches; ours replaces it. If Keras renamed it or stopped calling it, ours
+    would silently stop applying: fit() and evaluate() must call it by that name."""
     assert SYMBOLIC_BUILD in vars(AccumulatingModel)
-    assert any(SYMBOLIC_BUILD in vars(cls) for cls in keras.Model.__mro__ if cls is not object)
+    calls = []
+    ours = getattr(AccumulatingModel, SYMBOLIC_BUILD)
+
+    def spy(self, *args, **kwargs):
+        calls.append(type(self).__name__)
+        return ours(self, *args, **kwargs)
+
+    monkeypatch.setattr(AccumulatingModel, SYMBOLIC_BUILD, spy)
+    batches = make_batches([3, 2])
+    model = TokenRegressor()
+    model.compile(keras.optimizers.SGD(0.1), accumulation_steps=2)
+    model.fit(make_dataset(batches), verbose=0)
+    assert calls, f"keras.Model.fit no longer calls {SYMBOLIC_BUILD}"
+    before = len(calls)
+    model.evaluate(make_dataset(batches), verbose=0)
+    assert len(calls) > before, f"keras.Model.evaluate no longer calls {SYMBOLIC_BUILD}"
 
 
 def test_compile_installs_the_loss_tracker_we_replace():
