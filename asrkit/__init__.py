@@ -6,18 +6,18 @@ Dependency direction — each layer imports only the layers below it (checked by
     cli
     training                 the task (loss + accumulation engine), train loop, verify, plan
     export                   SavedModel of a loaded experiment
-    decoding                 greedy / beam search, decoding test sets
+    decoding, importers      greedy / beam search, decoding test sets; reading .nemo files
     experiment               an experiment directory, loaded for inference
     checkpoints              checkpoint I/O
-    models, losses           the transducer network; the RNN-T loss
+    models, losses           the transducer network; the transducer losses
     data                     manifests, corpora, shards, tf.data pipeline
     features                 log-mel, frame arithmetic, CMVN statistics
     audio, tokenizer, metrics
-    config, progress
+    config, progress, outputs
     errors, sizes
 
 Models never import data or training; nothing imports cli. Importing asrkit has no side
 effects: no environment variables, logging configuration or device probing happen here.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

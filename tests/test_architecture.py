@@ -19,7 +19,7 @@ RANKS = {
     "models": 5, "losses": 5,
     "checkpoints": 6,
     "experiment": 7, "curves": 7,
-    "decoding": 8,
+    "decoding": 8, "importers": 8,
     "export": 9,
     "training": 10,
     "cli": 11,

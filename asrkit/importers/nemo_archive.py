@@ -1,0 +1,88 @@
+"""A NeMo `.nemo` file read safely: its members by name, into memory, never extracted.
+
+A `.nemo` file is a tar archive (gzip-compressed or not) holding `model_config.yaml`,
+`model_weights.ckpt` (a PyTorch checkpoint, read by `asrkit.importers.torch_checkpoint`)
+and the files the config names as `nemo:<member>` (the SentencePiece model, vocabularies).
+Only regular members with plain relative names are accepted: an absolute name, a `..`
+part, a link or a device anywhere in the archive refuses it whole, naming the member.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import yaml
+
+from asrkit.errors import InputError
+from asrkit.importers.torch_checkpoint import read_torch_checkpoint_bytes
+
+CONFIG_MEMBER = "model_config.yaml"
+WEIGHTS_MEMBER = "model_weights.ckpt"
+
+
+class NemoArchiveError(InputError):
+    """A .nemo file that is damaged, incomplete or unsafe; the message names the member."""
+
+
+@dataclass(frozen=True)
+class NemoArchive:
+    path: Path
+    config: dict  # model_config.yaml
+    weights: dict[str, np.ndarray]  # model_weights.ckpt's state dict
+    members: dict[str, bytes]  # every other member, by its plain name
+
+    def member(self, reference: str) -> bytes:
+        """A member the config names (`nemo:abc_tokenizer.model` or a bare name)."""
+        name = reference.removeprefix("nemo:")
+        name = str(PurePosixPath(name))
+        if name not in self.members:
+            raise NemoArchiveError(f"{self.path}: the config names {reference}, not in the archive")
+        return self.members[name]
+
+
+def read_nemo(path: str | os.PathLike) -> NemoArchive:
+    path = Path(path)
+    if not path.is_file():
+        raise NemoArchiveError(f"{path}: no such .nemo file")
+    try:
+        with tarfile.open(path, "r:*") as archive:
+            members = _read_members(archive, path)
+    except (tarfile.TarError, EOFError, OSError) as err:
+        raise NemoArchiveError(f"{path}: not a readable .nemo archive ({err})") from None
+    for required in (CONFIG_MEMBER, WEIGHTS_MEMBER):
+        if required not in members:
+            raise NemoArchiveError(f"{path}: no {required} in the archive (not a NeMo model?)")
+    try:
+        config = yaml.safe_load(members.pop(CONFIG_MEMBER).decode("utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise NemoArchiveError(f"{path}: {CONFIG_MEMBER} is not valid YAML ({err})") from None
+    if not isinstance(config, dict):
+        raise NemoArchiveError(f"{path}: {CONFIG_MEMBER} is not a mapping")
+    weights = read_torch_checkpoint_bytes(members.pop(WEIGHTS_MEMBER), f"{path}:{WEIGHTS_MEMBER}")
+    return NemoArchive(path, config, weights, members)
+
+
+def _read_members(archive: tarfile.TarFile, path: Path) -> dict[str, bytes]:
+    members: dict[str, bytes] = {}
+    for info in archive.getmembers():
+        name = PurePosixPath(info.name)
+        if info.isdir() and not name.is_absolute() and ".." not in name.parts:
+            continue
+        if name.is_absolute() or ".." in name.parts or not info.isfile():
+            kind = "link" if (info.issym() or info.islnk()) else "unsafe name or type"
+            raise NemoArchiveError(
+                f"{path}: member {info.name!r} ({kind}) refused: a .nemo archive holds plain "
+                "files only"
+            )
+        data = archive.extractfile(info)
+        if data is None:
+            raise NemoArchiveError(f"{path}: member {info.name!r} cannot be read")
+        body = data.read()
+        if len(body) != info.size:
+            raise NemoArchiveError(f"{path}: member {info.name!r} is truncated")
+        members[str(name)] = body
+    return members
