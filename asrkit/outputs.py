@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from asrkit.errors import UserError
+from asrkit.sizes import format_bytes
 
 # What an OSError means, in the words a user acts on.
 _PLAIN = {
@@ -70,8 +71,8 @@ def writable_directory(
         free = shutil.disk_usage(path).free
         if free < needed_bytes:
             raise OutputError(
-                f"{option} {shown}: {free / 2**20:,.0f} MiB free, about "
-                f"{needed_bytes / 2**20:,.0f} MiB needed; free space or choose another directory"
+                f"{option} {shown}: {format_bytes(free)} free, about {format_bytes(needed_bytes)} "
+                "needed; free space or choose another directory"
             )
     return path
 

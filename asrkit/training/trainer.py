@@ -68,6 +68,7 @@ from asrkit.errors import UserError
 from asrkit.experiment import CONFIG_FILE, adopt_assets, resolve_assets
 from asrkit.features import normalizer_for
 from asrkit.models.transducer import Transducer
+from asrkit.outputs import writable_directory
 from asrkit.tokenizer import Tokenizer
 from asrkit.training.callbacks import StopRequest, TrainingProgress
 from asrkit.training.probe import largest_micro_batch, probe_memory
@@ -188,6 +189,8 @@ def train(
         run = _open_run(config, Path(exp_dir), strategy, log)
         data = _plan_data(run, strategy.num_replicas_in_sync)
         task = _build(run, data, strategy)
+        if run.chief:
+            _check_checkpoint_space(task, run)
         state = _restore_or_init(task, run, init_from)
         state = _check_data_plan(state, data, run.log, new_epoch_order)
         _record_config(run)  # only now: a refused resume leaves the experiment as it was
@@ -249,6 +252,18 @@ def _build(run: _Run, data: _TrainingData, strategy) -> TransducerTask:
             f"{shape.frames} frames x {shape.tokens} tokens per replica)"
         )
     return task
+
+
+def _check_checkpoint_space(task: TransducerTask, run: _Run) -> None:
+    """Before the first update: room for two checkpoints (one written while the previous
+    is kept), or one line naming the directory and the sizes."""
+    weights = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in task.variables)
+    slots = sum(
+        int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in task.optimizer.variables
+    )
+    writable_directory(
+        run.save_dir / "checkpoints", "--exp-dir", needed_bytes=2 * (weights + slots)
+    )
 
 
 def _restore_or_init(task: TransducerTask, run: _Run, init_from: str | None) -> TrainState:

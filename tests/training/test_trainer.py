@@ -649,3 +649,28 @@ def test_verify_accumulation_passes_with_a_chunked_conformer(workdir, chunks):
     assert int(dynamic_chunk_frames(0, 5)) == 4
     report = _verify(workdir, *SMALL_CONFORMER, chunks)
     assert report.passed and report.max_relative_difference < 1e-5
+
+
+def test_too_little_disk_for_checkpoints_fails_before_the_first_update(
+    workdir, monkeypatch, capsys
+):
+    """Room for two checkpoints (weights and optimizer slots) is checked once the model is
+    built, before any update: one line naming the directory and the sizes, exit 2."""
+    import shutil as shutil_module
+    from collections import namedtuple
+
+    from asrkit.cli.main import main
+
+    usage = namedtuple("usage", "total used free")
+    real = shutil_module.disk_usage
+    monkeypatch.setattr(
+        "asrkit.outputs.shutil.disk_usage",
+        lambda p: usage(10**9, 10**9 - 1024, 1024) if "exp_full" in str(p) else real(p),
+    )
+    monkeypatch.chdir(workdir)
+    capsys.readouterr()
+    exp = workdir / "exp_full"
+    assert main(["train", "--config", str(workdir / "conf.yaml"), "--exp-dir", str(exp)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--exp-dir {exp}/checkpoints: 1.00 KiB free, about" in err[0], err
+    assert not list(exp.glob("checkpoints/ckpt-*"))
