@@ -1,7 +1,8 @@
 """Where commands write: checked before any work, written so that no result is lost.
 
 `writable_directory` is called by a command before it loads a model or reads data: it
-creates the directory if needed and writes (and removes) a probe file there, so a
+creates the directory if needed (and takes it back if the check fails) and writes (and
+removes) a probe file there, so a
 read-only mount, a path under a file or a full disk fails in the first second, naming the
 option and the path. `write_files` writes a command's results each whole (`.tmp`, then
 renamed); if the target fails after all (the disk filled up meanwhile), the results are
@@ -58,11 +59,13 @@ def writable_directory(
             f"{option} {shown}: cannot write there (a part of the path is a file, not a "
             f"directory: {existing}); choose a directory you can write to"
         )
+    created = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".asrkit-probe-"):
             pass
     except OSError as err:
+        _remove_empty(created)
         raise OutputError(
             f"{option} {shown}: cannot write there ({plain_reason(err)}); choose a directory "
             "you can write to"
@@ -70,11 +73,19 @@ def writable_directory(
     if needed_bytes:
         free = shutil.disk_usage(path).free
         if free < needed_bytes:
+            _remove_empty(created)
             raise OutputError(
                 f"{option} {shown}: {format_bytes(free)} free, about {format_bytes(needed_bytes)} "
                 "needed; free space or choose another directory"
             )
     return path
+
+
+def _remove_empty(created: list[Path]) -> None:
+    """Takes back the directories a failed check made (innermost first)."""
+    for directory in created:
+        with contextlib.suppress(OSError):
+            directory.rmdir()
 
 
 def writable_parent(path: str | os.PathLike, option: str) -> Path:

@@ -35,15 +35,18 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from asrkit.data.manifest import read_usable_manifest
-    from asrkit.decoding.onset import measure_emission_delay
-    from asrkit.decoding.transcribe import NetworkRecogniser
-    from asrkit.experiment import load_experiment, write_timing
+    from asrkit.experiment import load_experiment_config
     from asrkit.outputs import writable_directory
 
     if args.limit < 1:
         raise InputError(f"--limit must be >= 1, got {args.limit}")
-    writable_directory(args.exp_dir, "--exp-dir")  # timing.json goes there
     utterances = read_usable_manifest(args.manifest)[: args.limit]
+    load_experiment_config(args.exp_dir)  # an experiment (before TensorFlow is imported)
+    writable_directory(args.exp_dir, "--exp-dir")  # timing.json goes there
+    from asrkit.decoding.onset import measure_emission_delay
+    from asrkit.decoding.transcribe import NetworkRecogniser
+    from asrkit.experiment import load_experiment, write_timing
+
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average)
     options = search_options(args, experiment.config.decode.max_symbols_per_step)
     recognise = NetworkRecogniser(

@@ -27,6 +27,9 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_synth(args: argparse.Namespace) -> int:
+    from asrkit.outputs import writable_directory
+
+    writable_directory(args.out, "--out")
     from asrkit.data.synthetic import make_synthetic_corpus
 
     if not 0 <= args.natural_share <= 1:

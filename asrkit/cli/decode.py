@@ -31,16 +31,18 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from asrkit.data.manifest import read_usable_manifest
-    from asrkit.data.pipeline import pipeline_config
-    from asrkit.data.records import check_shards
-    from asrkit.decoding.runner import decode_manifest, decode_shards
-    from asrkit.experiment import load_experiment, load_experiment_config
+    from asrkit.experiment import load_experiment_config
     from asrkit.outputs import writable_directory, write_files
 
     out = writable_directory(args.out, "--out") if args.out else None
     load_experiment_config(args.exp_dir)  # before TensorFlow: is it an experiment at all?
     if args.manifest:
         read_usable_manifest(args.manifest)
+    from asrkit.data.pipeline import pipeline_config
+    from asrkit.data.records import check_shards
+    from asrkit.decoding.runner import decode_manifest, decode_shards
+    from asrkit.experiment import load_experiment
+
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, args.chunk_frames)
     network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     options = search_options(args, config.decode.max_symbols_per_step)

@@ -32,19 +32,20 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrkit.decoding.search import describe
     from asrkit.errors import InputError
     from asrkit.experiment import load_experiment_config
-    from asrkit.export import convert_to_litert, export_model, export_streaming
     from asrkit.outputs import writable_parent
 
     writable_parent(args.out, "--out")
-
     if args.litert and not args.streaming:
         raise InputError("--litert converts the streaming step: add --streaming")
+    if args.streaming and args.method != "greedy":
+        raise InputError("--streaming exports greedy search: drop --method beam")
+    load_experiment_config(args.exp_dir)  # is it an experiment at all (before TensorFlow)?
+    from asrkit.decoding.search import describe
+    from asrkit.export import convert_to_litert, export_model, export_streaming
+
     if args.streaming:
-        if args.method != "greedy":
-            raise InputError("--streaming exports greedy search: drop --method beam")
         out = export_streaming(
             args.exp_dir, args.out, args.checkpoint, args.average, args.chunk_frames
         )

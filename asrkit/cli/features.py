@@ -40,6 +40,9 @@ def _features(args):
 
 
 def run_extract(args: argparse.Namespace) -> int:
+    from asrkit.outputs import writable_directory
+
+    writable_directory(args.out, "--out")
     from asrkit.data.records import write_shards
     from asrkit.errors import InputError
     from asrkit.tokenizer import Tokenizer
@@ -68,6 +71,11 @@ def run_extract(args: argparse.Namespace) -> int:
 
 
 def run_cmvn(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from asrkit.outputs import writable_parent
+
+    writable_parent(Path(args.out).resolve(), "--out")
     from asrkit.data.records import shard_features
     from asrkit.features import GlobalNormalizer
 

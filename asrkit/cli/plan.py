@@ -49,12 +49,15 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from asrkit.config import load_config
+    from asrkit.outputs import writable_directory
+
+    config = load_config(args.config, args.overrides)
+    writable_directory(args.exp_dir, "--exp-dir")
     from asrkit.data.batch_plan import save_plan
     from asrkit.experiment import PLAN_FILE
     from asrkit.sizes import format_bytes
     from asrkit.training.memory_plan import DEFAULT_MARGIN, plan_training
 
-    config = load_config(args.config, args.overrides)
     margin = DEFAULT_MARGIN if args.margin is None else args.margin
     plan, summary = plan_training(config, args.memory, args.device, margin, not args.no_emulate)
     path = save_plan(plan, Path(args.exp_dir) / PLAN_FILE)

@@ -26,6 +26,9 @@ def register(subparsers) -> None:
 
 
 def run_librispeech(args: argparse.Namespace) -> int:
+    from asrkit.outputs import writable_directory
+
+    writable_directory(args.out, "--out")
     from asrkit.data.librispeech import prepare_librispeech, summarize
 
     parts = [p for p in args.parts.split(",") if p]

@@ -17,6 +17,9 @@ def register(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from asrkit.outputs import writable_directory
+
+    writable_directory(args.out, "--out")
     from asrkit.data.manifest import iter_manifest
     from asrkit.tokenizer import train_tokenizer
 

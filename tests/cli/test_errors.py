@@ -213,3 +213,23 @@ def test_a_native_crash_still_prints_while_start_up_noise_does_not():
     assert "Check failed: a == b" in run.stderr
     assert "oneDNN" not in run.stderr and "cuInit" not in run.stderr
     assert "absl::InitializeLog" not in run.stderr
+
+
+def test_user_errors_cost_well_under_two_seconds_as_commands(tmp_path):
+    """Arguments, paths, experiments and manifests are checked before TensorFlow loads."""
+    cases = [
+        ["decode", "--exp-dir", str(tmp_path / "none"), "--manifest", "m.jsonl"],
+        ["export", "--exp-dir", str(tmp_path / "none"), "--out", str(tmp_path / "sm")],
+        ["transcribe", "--exp-dir", str(tmp_path / "none"), str(tmp_path / "missing.flac")],
+        ["calibrate", "--exp-dir", str(tmp_path), "--manifest", "m.jsonl", "--limit", "0"],
+        ["prepare", "librispeech", "--root", str(tmp_path / "nope"), "--parts", "dev-clean",
+         "--out", str(tmp_path / "data")],
+        ["plan", "--exp-dir", str(tmp_path / "p"), "--set", "train.epochz=2"],
+    ]  # fmt: skip
+    for argv in cases:
+        started = time.monotonic()
+        run = subprocess.run([ASRKIT, *argv], capture_output=True, text=True, cwd=tmp_path)
+        seconds = time.monotonic() - started
+        assert run.returncode == 2, (argv, run.stderr)
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert seconds < 2.0, (argv[0], seconds)
