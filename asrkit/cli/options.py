@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 
 
-def add_weights_arguments(parser, checkpoint: bool = True) -> None:
+def add_weights_arguments(parser) -> None:
     """--checkpoint DIR or --average N (the last N checkpoints; 1: the latest)."""
     group = parser.add_mutually_exclusive_group()
-    if checkpoint:
-        group.add_argument("--checkpoint", help="checkpoint directory (default: the latest)")
+    group.add_argument("--checkpoint", help="checkpoint directory (default: the latest)")
     group.add_argument("--average", type=int, default=1, metavar="N",
                        help="average the last N checkpoints")  # fmt: skip
 

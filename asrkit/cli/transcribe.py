@@ -26,7 +26,7 @@ def register(subparsers) -> None:
     add_search_arguments(
         transcribe, help="with --exp-dir (an exported model runs the search built into it)"
     )
-    add_weights_arguments(transcribe, checkpoint=False)
+    add_weights_arguments(transcribe)
     add_chunk_argument(transcribe)
     transcribe.add_argument(
         "--format", choices=("text", "json", "srt"), default="text",
@@ -135,7 +135,9 @@ def _experiment_recogniser(args):
     from asrkit.decoding.transcribe import NetworkRecogniser
     from asrkit.experiment import load_experiment
 
-    experiment = load_experiment(args.exp_dir, average=args.average, chunk_frames=args.chunk_frames)
+    experiment = load_experiment(
+        args.exp_dir, args.checkpoint, args.average, chunk_frames=args.chunk_frames
+    )
     config = experiment.config
     options = search_options(args, config.decode.max_symbols_per_step)
     return NetworkRecogniser.of(experiment, options)
