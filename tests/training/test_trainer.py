@@ -147,26 +147,40 @@ def test_progress_draws_a_bar_on_a_terminal(monkeypatch):
     assert "audio s/s" in last
 
 
-def test_resume_from_a_mid_epoch_checkpoint_ends_identical(workdir, uninterrupted):
-    resumed = workdir / "exp_b"
-    shutil.copytree(workdir / "exp_a", resumed)
-    checkpoints = CheckpointManager(resumed / "checkpoints").checkpoints()
-    middle = checkpoints[len(checkpoints) // 2]
-    for later in checkpoints[len(checkpoints) // 2 + 1 :]:
+def _copy_up_to(workdir, name: str, keep_after_middle: int):
+    """exp_a copied to `name` without its checkpoints past the middle one and
+    `keep_after_middle` more: (the copy, its checkpoints as they were)."""
+    copy = workdir / name
+    shutil.copytree(workdir / "exp_a", copy)
+    checkpoints = CheckpointManager(copy / "checkpoints").checkpoints()
+    for later in checkpoints[len(checkpoints) // 2 + 1 + keep_after_middle :]:
         shutil.rmtree(later)
+    return copy, checkpoints
+
+
+def _train_in(workdir, exp, log=lambda *_: None):
     cwd = os.getcwd()
     os.chdir(workdir)
     try:
-        result = train(load_config(workdir / "conf.yaml"), resumed, log=lambda *_: None)
+        return train(load_config(workdir / "conf.yaml"), exp, log=log)
     finally:
         os.chdir(cwd)
-    assert middle.exists() and result.state.updates == uninterrupted.state.updates
+
+
+def _assert_ends_as_uninterrupted(workdir, exp):
     final_a = CheckpointManager(workdir / "exp_a" / "checkpoints").latest()
-    final_b = CheckpointManager(resumed / "checkpoints").latest()
-    a, b = _weights(final_a), _weights(final_b)
+    a, b = _weights(final_a), _weights(CheckpointManager(exp / "checkpoints").latest())
     assert a.keys() == b.keys() and len(a) > 5
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_resume_from_a_mid_epoch_checkpoint_ends_identical(workdir, uninterrupted):
+    resumed, checkpoints = _copy_up_to(workdir, "exp_b", 0)
+    middle = checkpoints[len(checkpoints) // 2]
+    result = _train_in(workdir, resumed)
+    assert middle.exists() and result.state.updates == uninterrupted.state.updates
+    _assert_ends_as_uninterrupted(workdir, resumed)
 
 
 def test_a_resume_falls_back_past_a_damaged_checkpoint_and_ends_identical(
@@ -175,23 +189,13 @@ def test_a_resume_falls_back_past_a_damaged_checkpoint_and_ends_identical(
     """The newest checkpoint truncated (a partial copy, a full disk): the resume warns once,
     keeps the damaged one aside, continues from the one before and ends bit-identical to the
     uninterrupted run."""
-    resumed = workdir / "exp_damaged"
-    shutil.copytree(workdir / "exp_a", resumed)
-    checkpoints = CheckpointManager(resumed / "checkpoints").checkpoints()
-    middle = checkpoints[len(checkpoints) // 2]
-    for later in checkpoints[len(checkpoints) // 2 + 2 :]:
-        shutil.rmtree(later)
-    damaged = checkpoints[len(checkpoints) // 2 + 1]
+    resumed, checkpoints = _copy_up_to(workdir, "exp_damaged", 1)
+    middle, damaged = checkpoints[len(checkpoints) // 2], checkpoints[len(checkpoints) // 2 + 1]
     data_file = damaged / "ckpt.data-00000-of-00001"
     with open(data_file, "r+b") as f:
         f.truncate(data_file.stat().st_size // 2)
     lines = []
-    cwd = os.getcwd()
-    os.chdir(workdir)
-    try:
-        result = train(load_config(workdir / "conf.yaml"), resumed, log=lines.append)
-    finally:
-        os.chdir(cwd)
+    result = _train_in(workdir, resumed, log=lines.append)
     warned = [str(w.message) for w in recwarn if "resuming from the checkpoint before" in
               str(w.message)]  # fmt: skip
     assert len(warned) == 1 and str(data_file) in warned[0] and middle.name in warned[0]
@@ -199,11 +203,7 @@ def test_a_resume_falls_back_past_a_damaged_checkpoint_and_ends_identical(
     aside = damaged.with_name(damaged.name + ".damaged")
     assert aside.is_dir() and (aside / "ckpt.data-00000-of-00001").exists()
     assert result.state.updates == uninterrupted.state.updates
-    final_a = CheckpointManager(workdir / "exp_a" / "checkpoints").latest()
-    a, b = _weights(final_a), _weights(CheckpointManager(resumed / "checkpoints").latest())
-    assert a.keys() == b.keys()
-    for name in a:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    _assert_ends_as_uninterrupted(workdir, resumed)
 
 
 def test_commands_on_a_damaged_checkpoint_say_which_file_and_what_to_use(
