@@ -11,6 +11,9 @@ Features (`features.npz`): NeMo's AudioToMelSpectrogramPreprocessor (eval mode: 
 on the real clips of tests/data/realspeech, batched with their lengths, for each setting in
 FEATURE_SETTINGS (the stt_en Conformer/FastConformer front end, and a 64-bin variant with
 other window, no normalisation and pad_to 16); with each its `fb` and `window` buffers.
+
+Relative-position attention (`rel_attention.ckpt` / `.npz`): NeMo's
+RelPositionMultiHeadAttention with random weights and position biases on a padded batch.
 """
 
 from __future__ import annotations
@@ -61,12 +64,43 @@ def features(out: Path) -> None:
     ) + "\n")  # fmt: skip
 
 
+def attention(out: Path) -> None:
+    """NeMo's relative-position self-attention (Transformer-XL positions, untied biases)
+    on a padded batch: its weights, inputs and output (`rel_attention.*`)."""
+    import numpy as np
+    import torch
+    from nemo.collections.asr.parts.submodules.multi_head_attention import (
+        RelPositionalEncoding,
+        RelPositionMultiHeadAttention,
+    )
+
+    torch.manual_seed(1)
+    d_model, heads, frames = 16, 4, 9
+    attention = RelPositionMultiHeadAttention(heads, d_model, 0.0, None, None).eval()
+    with torch.no_grad():  # NeMo initialises the biases to 0: make them count
+        attention.pos_bias_u.normal_()
+        attention.pos_bias_v.normal_()
+    positions = RelPositionalEncoding(d_model, dropout_rate=0.0, xscale=None).eval()
+    positions.extend_pe(frames, torch.device("cpu"), torch.float32)
+    x = torch.randn(2, frames, d_model)
+    lengths = torch.tensor([frames, 6])
+    valid = torch.arange(frames)[None] < lengths[:, None]
+    masked = ~(valid[:, :, None] & valid[:, None, :])
+    with torch.no_grad():
+        x_out, pos_emb = positions(x)
+        y = attention(x_out, x_out, x_out, masked, pos_emb)
+    torch.save(attention.state_dict(), out / "rel_attention.ckpt")
+    np.savez(out / "rel_attention.npz", x=x.numpy(), lengths=lengths.numpy(), y=y.numpy(),
+             pos_emb=pos_emb.numpy())  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests/data/nemo")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     features(args.out)
+    attention(args.out)
     print(f"wrote {sorted(p.name for p in args.out.iterdir())}")
 
 
