@@ -14,6 +14,10 @@ other window, no normalisation and pad_to 16); with each its `fb` and `window` b
 
 Relative-position attention (`rel_attention.ckpt` / `.npz`): NeMo's
 RelPositionMultiHeadAttention with random weights and position biases on a padded batch.
+
+Encoders (`conformer_x4.ckpt`, `fastconformer_x8.ckpt`, `encoders.npz` / `.json`): tiny
+random-init NeMo ConformerEncoders (striding x4 with xscaling; dw_striding x8 without) with
+randomised BatchNorm statistics, run on NeMo's features of the real clips.
 """
 
 from __future__ import annotations
@@ -94,6 +98,53 @@ def attention(out: Path) -> None:
              pos_emb=pos_emb.numpy())  # fmt: skip
 
 
+ENCODERS = {
+    "conformer_x4": dict(subsampling="striding", subsampling_factor=4, xscaling=True,
+                         subsampling_conv_channels=16),
+    "fastconformer_x8": dict(subsampling="dw_striding", subsampling_factor=8, xscaling=False,
+                             subsampling_conv_channels=16),
+}  # fmt: skip
+
+
+def encoders(out: Path) -> None:
+    """Tiny random-init NeMo ConformerEncoders (eval mode, BatchNorm running statistics
+    randomised) on NeMo's features of the real clips: state dict, config, output."""
+    import numpy as np
+    import torch
+    from nemo.collections.asr.modules import ConformerEncoder
+
+    data = np.load(out / "features.npz")
+    features = torch.from_numpy(data["conformer/features"])  # [B, 80, T]
+    lengths = torch.from_numpy(data["conformer/lengths"])
+    arrays, configs = {}, {}
+    for name, kind in ENCODERS.items():
+        torch.manual_seed(2)
+        config = dict(feat_in=80, n_layers=2, d_model=32, n_heads=4, ff_expansion_factor=4,
+                      self_attention_model="rel_pos", untie_biases=True, conv_kernel_size=9,
+                      conv_norm_type="batch_norm", dropout=0.0, dropout_pre_encoder=0.0,
+                      dropout_emb=0.0, dropout_att=0.0, **kind)  # fmt: skip
+        encoder = ConformerEncoder(**config)
+        with torch.no_grad():
+            for module in encoder.modules():
+                if isinstance(module, torch.nn.BatchNorm1d):
+                    module.running_mean.normal_(0, 0.5)
+                    module.running_var.uniform_(0.5, 2.0)
+                    module.weight.normal_(1, 0.2)
+                    module.bias.normal_(0, 0.2)
+                if hasattr(module, "pos_bias_u") and module.pos_bias_u is not None:
+                    module.pos_bias_u.normal_(0, 0.2)
+                    module.pos_bias_v.normal_(0, 0.2)
+        encoder.eval()
+        with torch.no_grad():
+            encoded, encoded_lengths = encoder(audio_signal=features, length=lengths)
+        torch.save(encoder.state_dict(), out / f"{name}.ckpt")
+        arrays[f"{name}/encoded"] = encoded.numpy()  # [B, D, T']
+        arrays[f"{name}/lengths"] = encoded_lengths.numpy()
+        configs[name] = config
+    np.savez_compressed(out / "encoders.npz", **arrays)
+    (out / "encoders.json").write_text(json.dumps(configs, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests/data/nemo")
@@ -101,6 +152,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     features(args.out)
     attention(args.out)
+    encoders(args.out)
     print(f"wrote {sorted(p.name for p in args.out.iterdir())}")
 
 
