@@ -1,7 +1,7 @@
 """The LibriSpeech README's per-GPU micro-batch table, from `asrkit plan`'s memory model.
 
 LibriSpeech itself is not on this machine, so the buckets come from LibriSpeech-like
-lengths (the same gamma distribution as `tools/bench_pipeline_scale.py`: mean 12.3 s,
+lengths (a gamma distribution: mean 12.3 s,
 1-35 s; `--tokens-per-second` labels, padded as training pads them). Each bucket's
 training step is *measured* (`MemoryMeter`: the real model, AdamW slots and accumulation
 buffers, forward + backward, TensorFlow's allocator peak) at `--sizes` utterances on the
