@@ -78,10 +78,21 @@ def test_a_mistake_run_as_a_command_prints_no_traceback_and_no_tensorflow_noise(
         f"asrkit decode: error: {tmp_path / 'nowhere'}: not an experiment directory "
         "(no config.yaml; made by asrkit train)"
     ]
-    verbose = subprocess.run(
-        [ASRKIT, "--verbose", "decode", "--exp-dir", "nowhere", "--manifest", "m.jsonl"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+    # A mistake found after TensorFlow started (the experiment's tokenizer is missing):
+    # one line, and TensorFlow's own lines only with --verbose.
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "config.yaml").write_text(json.dumps({"schema": 1, "data": {"tokenizer": "tok"}}))
+    (tmp_path / "u1.flac").write_bytes(b"")
+    one = {"id": "u1", "audio_path": f"{tmp_path}/u1.flac", "duration": 1.0, "text": "A",
+           "speaker": "1"}  # fmt: skip
+    (tmp_path / "m.jsonl").write_text(json.dumps(one) + "\n")
+    argv = ["decode", "--exp-dir", str(exp), "--manifest", str(tmp_path / "m.jsonl")]
+    quiet = subprocess.run([ASRKIT, *argv], capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 2 and len(quiet.stderr.strip().splitlines()) == 1, quiet.stderr
+    assert "tok/tokenizer.json: missing" in quiet.stderr
+    verbose = subprocess.run([ASRKIT, "--verbose", *argv], capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
     assert verbose.returncode == 2 and len(verbose.stderr.strip().splitlines()) > 1
 
 
