@@ -665,11 +665,11 @@ def test_too_little_disk_for_checkpoints_fails_before_the_first_update(
     real = shutil_module.disk_usage
     monkeypatch.setattr(
         "asrkit.outputs.shutil.disk_usage",
-        lambda p: usage(10**9, 10**9 - 1024, 1024) if "exp_full" in str(p) else real(p),
+        lambda p: usage(10**9, 10**9 - 1024, 1024) if "exp_no_room" in str(p) else real(p),
     )
     monkeypatch.chdir(workdir)
     capsys.readouterr()
-    exp = workdir / "exp_full"
+    exp = workdir / "exp_no_room"
     assert main(["train", "--config", str(workdir / "conf.yaml"), "--exp-dir", str(exp)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--exp-dir {exp}/checkpoints: 1.00 KiB free, about" in err[0], err
