@@ -361,9 +361,10 @@ def write_weights(
 
 
 # ------------------------------------------------------------------------------ reading
-def read_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The named model weights of a checkpoint directory (no model needed)."""
-    reader = _reader(path)
+def read_weights(path: str | os.PathLike, verified: bool = False) -> dict[str, np.ndarray]:
+    """The named model weights of a checkpoint directory (no model needed). `verified`:
+    the caller has just checked its files (`checkpoint_damage`); they are not hashed again."""
+    reader = _reader(path, verified)
     out = {}
     for key in reader.get_variable_to_shape_map():
         match = _WEIGHT_KEY.match(key)
@@ -372,13 +373,14 @@ def read_weights(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return out
 
 
-def _reader(path: str | os.PathLike):
+def _reader(path: str | os.PathLike, verified: bool = False):
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint directory")
     if not (path / "ckpt.index").exists():
         raise CheckpointError(f"{path}: not a checkpoint directory (no ckpt.index)")
-    verify_checkpoint(path)
+    if not verified:
+        verify_checkpoint(path)
     try:
         reader = tf.train.load_checkpoint(str(path / "ckpt"))
     except (tf.errors.OpError, ValueError) as err:  # written whole, then damaged in place
@@ -387,7 +389,9 @@ def _reader(path: str | os.PathLike):
     return reader
 
 
-def restore(network, path: str | os.PathLike, optimizer=None, heads=None) -> TrainState:
+def restore(
+    network, path: str | os.PathLike, optimizer=None, heads=None, verified: bool = False
+) -> TrainState:
     """Loads a checkpoint directory into a built network (and an optimizer, to resume).
 
     The checkpoint must hold exactly the network's variables, with their shapes. With an
@@ -395,7 +399,7 @@ def restore(network, path: str | os.PathLike, optimizer=None, heads=None) -> Tra
     slots were saved in; otherwise `CheckpointError` says to fine-tune instead.
     """
     path = Path(path)
-    saved = read_weights(path)
+    saved = read_weights(path, verified)
     if heads is None:  # inference: a training task's loss heads are not the network's
         saved = network_weights(saved)
     named = named_parts(network, heads)

@@ -282,7 +282,8 @@ def _restore_or_init(task: TransducerTask, run: _Run, init_from: str | None) -> 
                 stacklevel=2,
             )
             continue
-        state = restore(task.network, latest, task.optimizer, heads=task.heads)
+        # Its files were just hashed: restore does not hash them a second time.
+        state = restore(task.network, latest, task.optimizer, heads=task.heads, verified=True)
         run.log(f"resumed from {latest.name}: epoch {state.epoch}, {state.updates} updates")
         return state
     if init_from:
