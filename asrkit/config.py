@@ -35,10 +35,21 @@ def _positive(config, section: str, *keys) -> None:
             raise ValueError(f"{section}.{key} must be > 0, got {value}")
 
 
+FEATURE_KINDS = ("asrkit", "nemo")
+FEATURE_NORMALIZATIONS = ("none", "per_feature")
+
+
 @dataclass(frozen=True)
 class FeatureConfig:
-    """Log-mel filterbank front end (see `asrkit.features`)."""
+    """Log-mel filterbank front end (see `asrkit.features`).
 
+    `kind: asrkit` — a framed STFT without padding, TensorFlow's mel matrix, log(x + floor).
+    `kind: nemo` — NeMo's AudioToMelSpectrogramPreprocessor (`asrkit.nemo_mel`; what an
+    imported NeMo model was trained on): a centred STFT of `fft_length` with the Hann window
+    of `frame_length`, librosa's Slaney mel filterbank, `preemphasis`, `normalize` and
+    `pad_to`; `log_floor` is NeMo's log guard."""
+
+    kind: str = "asrkit"  # asrkit | nemo
     sample_rate: int = 16_000
     num_mel_bins: int = 80
     frame_length: int = 400  # samples (25 ms at 16 kHz)
@@ -47,8 +58,23 @@ class FeatureConfig:
     lower_edge_hz: float = 20.0
     upper_edge_hz: float = 7_600.0
     log_floor: float = 1e-6
+    preemphasis: float = 0.0  # nemo: x[t] - p x[t-1]; 0 = none
+    normalize: str = "none"  # nemo: none | per_feature (over each utterance's valid frames)
+    pad_to: int = 0  # nemo: the time axis padded to a multiple of this; 0 = none
 
     def __post_init__(self):
+        if self.kind not in FEATURE_KINDS:
+            raise ValueError(f"features.kind must be one of {FEATURE_KINDS}, got {self.kind!r}")
+        if self.normalize not in FEATURE_NORMALIZATIONS:
+            raise ValueError(
+                f"features.normalize must be one of {FEATURE_NORMALIZATIONS}, got "
+                f"{self.normalize!r}"
+            )
+        if self.kind == "asrkit" and (self.preemphasis or self.normalize != "none" or self.pad_to):
+            raise ValueError(
+                "features.preemphasis, features.normalize and features.pad_to are settings of "
+                "features.kind: nemo"
+            )
         if not 0 < self.frame_step <= self.frame_length <= self.fft_length:
             raise ValueError(
                 "FeatureConfig: need 0 < frame_step <= frame_length <= fft_length, got "
@@ -58,9 +84,11 @@ class FeatureConfig:
             raise ValueError("FeatureConfig: need 0 <= lower_edge_hz < upper_edge_hz <= rate/2")
 
 
-ENCODERS = ("conformer", "lstm")
+ENCODERS = ("conformer", "lstm", "nemo_conformer")
+NEMO_SUBSAMPLINGS = ("striding", "dw_striding")
+JOINT_ACTIVATIONS = ("tanh", "relu")
 NORMALIZERS = ("tokens", "utterances")
-LOSSES = ("full", "pruned")
+LOSSES = ("full", "pruned", "tdt")
 PREDICTORS = ("lstm", "stateless")
 FINAL_NORMS = ("block", "encoder", "none")  # see model.encoder.final_norm
 CONV_CONTEXTS = ("causal", "chunk")  # see model.encoder.conv_context
@@ -69,7 +97,11 @@ CONV_NORMS = ("layer", "batch", "frozen_batch")  # see model.encoder.conv_norm
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    kind: str = "conformer"  # conformer | lstm
+    # conformer | lstm | nemo_conformer (NeMo's Conformer / FastConformer, as imported by
+    # `asrkit import nemo`: d_model, num_blocks, num_heads, kernel_size, subsampling_filters,
+    # dropout and the keys below; its convolution norm is BatchNorm, conv_norm batch or
+    # frozen_batch)
+    kind: str = "conformer"
     d_model: int = 144  # conformer width
     num_blocks: int = 16
     num_heads: int = 4
@@ -104,12 +136,47 @@ class EncoderConfig:
     # frames before) or "chunk" (the centred kernel up to the end of the frame's chunk: no
     # latency beyond the chunk's, which attention waits for anyway).
     conv_context: str = "chunk"
+    # nemo_conformer: "striding" (x4, Conformer) or "dw_striding" (depthwise, FastConformer),
+    # by `subsampling_factor` (a power of 2); the feed-forward width is ff_expansion x d_model;
+    # xscaling multiplies the subsampled frames by sqrt(d_model); use_bias: the blocks'
+    # linear and convolution layers have biases (NeMo's `use_bias`).
+    subsampling: str = "striding"
+    subsampling_factor: int = 4
+    ff_expansion: int = 4
+    xscaling: bool = True
+    use_bias: bool = True
+
+    @property
+    def frames_per_output(self) -> int:
+        """Feature frames per encoder frame."""
+        return self.subsampling_factor if self.kind == "nemo_conformer" else 4
 
     def __post_init__(self):
         if self.kind not in ENCODERS:
             raise ValueError(f"model.encoder.kind must be one of {ENCODERS}, got {self.kind!r}")
+        if self.subsampling not in NEMO_SUBSAMPLINGS:
+            raise ValueError(
+                f"model.encoder.subsampling must be one of {NEMO_SUBSAMPLINGS}, got "
+                f"{self.subsampling!r}"
+            )
+        factor = self.subsampling_factor
+        if factor < 2 or factor & (factor - 1):
+            raise ValueError(
+                f"model.encoder.subsampling_factor must be a power of 2 >= 2, got {factor}"
+            )
+        if self.kind == "nemo_conformer":
+            if self.conv_norm == "layer":
+                raise ValueError(
+                    "model.encoder.conv_norm must be batch or frozen_batch for nemo_conformer "
+                    "(its convolution module has BatchNorm)"
+                )
+            if self.chunk_frames or self.recompute:
+                raise ValueError(
+                    "model.encoder.chunk_frames and model.encoder.recompute are not available "
+                    "for nemo_conformer"
+                )
         _at_least(self, "model.encoder", d_model=1, num_blocks=1, num_heads=1, kernel_size=1,
-                  subsampling_filters=1, lstm_units=1, lstm_layers=1)  # fmt: skip
+                  subsampling_filters=1, lstm_units=1, lstm_layers=1, ff_expansion=1)  # fmt: skip
         if not 0 <= self.dropout < 1:
             raise ValueError(f"model.encoder.dropout must be in [0, 1), got {self.dropout}")
         if self.chunk_frames < 0 or self.left_chunks < -1:
@@ -152,6 +219,9 @@ class PredictorConfig:
     num_layers: int = 1  # lstm
     context_size: int = 2  # stateless
     dropout: float = 0.1
+    # lstm: the blank's embedding is a constant zero vector (NeMo's RNNTDecoder, whose start
+    # symbol is the blank); otherwise the start symbol's embedding is learned.
+    blank_as_pad: bool = False
 
     def __post_init__(self):
         if self.kind not in PREDICTORS:
@@ -168,9 +238,27 @@ class ModelConfig:
     encoder: EncoderConfig = EncoderConfig()
     predictor: PredictorConfig = PredictorConfig()
     joint_dim: int = 320
+    joint_activation: str = "tanh"  # tanh | relu (NeMo's RNNTJoint default)
+    # TDT (token-and-duration transducer): the frames an emission may skip; the joint then
+    # also predicts one of them per emission. Empty: a plain RNN-T joint.
+    durations: tuple[int, ...] = ()
 
     def __post_init__(self):
         _at_least(self, "model", joint_dim=1)
+        if self.joint_activation not in JOINT_ACTIVATIONS:
+            raise ValueError(
+                f"model.joint_activation must be one of {JOINT_ACTIVATIONS}, got "
+                f"{self.joint_activation!r}"
+            )
+        object.__setattr__(self, "durations", tuple(self.durations))
+        if self.durations and (
+            sorted(set(self.durations)) != list(self.durations) or self.durations[0] < 0
+            or self.durations[-1] < 1
+        ):  # fmt: skip
+            raise ValueError(
+                "model.durations must be increasing, >= 0, with at least one > 0 (e.g. "
+                f"[0, 1, 2, 3, 4]), got {list(self.durations)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -179,8 +267,9 @@ class LossConfig:
 
     # "full": the RNN-T loss over the whole lattice; "pruned": k2's pruned RNN-T — a
     # trivial-joiner "simple" loss picks a band of `prune_range` symbols per frame and the
-    # full joint runs only there.
-    kind: str = "full"  # full | pruned
+    # full joint runs only there; "tdt": the token-and-duration transducer loss of a joint
+    # with `model.durations` (see sigma and omega).
+    kind: str = "full"  # full | pruned | tdt
     normalize_by: str = "tokens"  # tokens | utterances: what the loss is averaged over
     # The joint's output layer fused with the loss, chunk by chunk (never the whole
     # [B, T, U+1, V]); false: logits first, then the loss (the reference path).
@@ -202,9 +291,16 @@ class LossConfig:
     # each utterance's loss is its transducer loss + ctc_weight × its CTC loss. 0 = none
     # (and no head). Training only: decoding, export and the dev WER use the transducer.
     ctc_weight: float = 0.0
+    # tdt: sigma is subtracted from every token log-prob (logit under-normalisation, the
+    # paper's and NeMo's); with probability omega an update trains with the RNN-T loss of
+    # the token logits instead (drawn per optimizer update).
+    sigma: float = 0.0
+    omega: float = 0.0
 
     def __post_init__(self):
-        _at_least(self, "loss", prune_range=2, warmup_updates=0)
+        _at_least(self, "loss", prune_range=2, warmup_updates=0, sigma=0.0)
+        if not 0 <= self.omega <= 1:
+            raise ValueError(f"loss.omega must be in [0, 1], got {self.omega}")
         if self.kind not in LOSSES:
             raise ValueError(f"loss.kind must be one of {LOSSES}, got {self.kind!r}")
         if self.ctc_weight < 0:
@@ -317,6 +413,13 @@ class ExperimentConfig:
     decode: DecodeConfig = DecodeConfig()
 
     def __post_init__(self):
+        tdt_model, tdt_loss = bool(self.model.durations), self.loss.kind == "tdt"
+        if tdt_model != tdt_loss:
+            raise ValueError(
+                "a TDT model (model.durations) trains with loss.kind: tdt, and loss.kind: tdt "
+                f"needs model.durations; got model.durations {list(self.model.durations)} "
+                f"with loss.kind {self.loss.kind!r}"
+            )
         if self.schema != SCHEMA_VERSION:
             raise ValueError(
                 f"schema {self.schema}: this asrkit reads config schema {SCHEMA_VERSION} (the "
@@ -354,6 +457,11 @@ def build_config(cls, data: dict, section: str = ""):
 
 
 def _check_type(value, kind, path):
+    if typing.get_origin(kind) is tuple:  # tuple[int, ...]: a YAML list of ints
+        item = typing.get_args(kind)[0]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"'{path}' must be a list of {item.__name__}, got {value!r}")
+        return tuple(_check_type(v, item, f"{path}[{i}]") for i, v in enumerate(value))
     union = typing.get_origin(kind) in (typing.Union, types.UnionType)
     allowed = typing.get_args(kind) if union else (kind,)
     if value is None and type(None) in allowed:

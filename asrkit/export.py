@@ -30,7 +30,7 @@ from asrkit.decoding.beam import live_slots
 from asrkit.decoding.search import DecodeOptions, describe, search
 from asrkit.decoding.words import FrameClock, detokenize, timed_words
 from asrkit.experiment import load_experiment
-from asrkit.features import MIN_FEATURE_FRAMES, log_mel, num_frames
+from asrkit.features import MIN_FEATURE_FRAMES, log_mel_batch
 
 OUTPUTS = {
     "text": "string",
@@ -71,12 +71,12 @@ def export_model(
     pieces = tf.constant(tokenizer.surface_pieces())
     mean = tf.constant(normalizer.mean if normalizer else 0.0, tf.float32)
     std = tf.constant(normalizer.std if normalizer else 1.0, tf.float32)
-    clock = FrameClock.of(features, experiment.emission_delay)
+    clock = FrameClock.of(features, experiment.emission_delay, config.model.encoder)
 
     def transcribe_batch(waveforms, lengths):
         lengths = tf.cast(lengths, tf.int32)
-        feats = (log_mel(waveforms, features) - mean) / std  # [N, T, F]
-        frames = num_frames(lengths, features)
+        feats, frames = log_mel_batch(waveforms, lengths, features)  # [N, T, F], [N]
+        feats = (feats - mean) / std
         short = tf.maximum(MIN_FEATURE_FRAMES - tf.shape(feats)[1], 0)
         feats = tf.pad(feats, [[0, 0], [0, short], [0, 0]])
         mask = tf.range(tf.shape(feats)[1])[None, :] < frames[:, None]
@@ -176,7 +176,7 @@ def export_streaming(
         model, config.features, experiment.normalizer, config.decode.max_symbols_per_step
     )
     pieces = tf.constant(tokenizer.surface_pieces())
-    clock = FrameClock.of(config.features, experiment.emission_delay)
+    clock = FrameClock.of(config.features, experiment.emission_delay, config.model.encoder)
     template = decoder.initial_state()
     flat = tf.nest.flatten(template)
     names = [f"state_{i:02d}" for i in range(len(flat))]

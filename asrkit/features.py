@@ -5,7 +5,10 @@
 returns without end padding (tested against the actual output).
 
 `encoder_frames(frames)` — frames after the encoder's ×4 convolutional subsampling (two
-3-wide, stride-2, valid convolutions): `n -> (n - 3) // 2 + 1`, twice, floored at 0.
+3-wide, stride-2, valid convolutions): `n -> (n - 3) // 2 + 1`, twice, floored at 0. A
+`nemo_conformer` encoder pads its convolutions: `n -> (n - 1) // 2 + 1` per halving.
+
+`features.kind: nemo` (NeMo's preprocessor, `asrkit.nemo_mel`): `samples // hop` frames.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ DEFAULT_FEATURES = FeatureConfig()
 
 def num_frames(num_samples, config: FeatureConfig = DEFAULT_FEATURES):
     """Feature frames for `num_samples` samples; works on ints, NumPy arrays and tensors."""
+    if config.kind == "nemo":
+        if isinstance(num_samples, int | np.integer):
+            return int(num_samples) // config.frame_step
+        return num_samples // config.frame_step
     if isinstance(num_samples, int | np.integer):
         if num_samples < config.frame_length:
             return 0
@@ -47,8 +54,13 @@ def conv_frames(frames):
     return maximum((frames - 3) // 2 + 1, 0)
 
 
-def encoder_frames(frames):
-    """Encoder frames after ×4 subsampling (two such convolutions)."""
+def encoder_frames(frames, encoder=None):
+    """Encoder frames after the subsampling of `encoder` (an EncoderConfig; default
+    asrkit's ×4: two such convolutions)."""
+    if encoder is not None and encoder.kind == "nemo_conformer":
+        for _ in range(encoder.subsampling_factor.bit_length() - 1):
+            frames = (frames - 1) // 2 + 1
+        return frames
     return conv_frames(conv_frames(frames))
 
 
@@ -57,8 +69,38 @@ def encoder_frames(frames):
 MIN_FEATURE_FRAMES = 7
 
 
+def nemo_settings(config: FeatureConfig):
+    """The NeMo preprocessor settings of a `features.kind: nemo` config."""
+    from asrkit.nemo_mel import NemoMelSettings
+
+    return NemoMelSettings(
+        sample_rate=config.sample_rate, win_length=config.frame_length,
+        hop_length=config.frame_step, n_fft=config.fft_length,
+        num_mel_bins=config.num_mel_bins, lowfreq=config.lower_edge_hz,
+        highfreq=config.upper_edge_hz, preemph=config.preemphasis or None,
+        log_guard=config.log_floor, normalize=config.normalize, pad_to=0,
+    )  # fmt: skip
+
+
+def log_mel_batch(waveforms, lengths, config: FeatureConfig = DEFAULT_FEATURES):
+    """Zero-padded waveforms [B, S] and their lengths [B] -> (features [B, T, F], valid
+    frames [B]); frames past each utterance's own are not meaningful (callers mask them)."""
+    lengths = tf.cast(lengths, tf.int32)
+    if config.kind == "nemo":
+        from asrkit.nemo_mel import nemo_log_mel
+
+        return nemo_log_mel(waveforms, lengths, nemo_settings(config))
+    return log_mel(waveforms, config), num_frames(lengths, config)
+
+
 def log_mel(samples: tf.Tensor, config: FeatureConfig = DEFAULT_FEATURES) -> tf.Tensor:
-    """[..., N] float waveform in [-1, 1] -> [..., num_frames(N), num_mel_bins] float32."""
+    """[..., N] float waveform in [-1, 1] -> [..., num_frames(N), num_mel_bins] float32.
+    (`kind: nemo`: one waveform [N]; its per-utterance normalisation needs the whole.)"""
+    if config.kind == "nemo":
+        samples = tf.convert_to_tensor(samples, tf.float32)
+        length = tf.shape(samples)[-1]
+        features, valid = log_mel_batch(samples[None], length[None], config)
+        return features[0, : valid[0]]
     samples = tf.cast(samples, tf.float32)
     length = tf.shape(samples)[-1]
     # Shorter than one frame: pad to one frame (stft cannot make zero), then drop it below.

@@ -28,6 +28,9 @@ class TokenizerSettings:
     model_type: str
     blank_id: int = BLANK_ID
     unk_id: int = UNK_ID
+    # Text is lower-cased to encode and hypotheses are upper-cased (the LibriSpeech
+    # convention); false: a cased model's text as it is (e.g. an imported NeMo model).
+    lower_case: bool = True
 
 
 class Tokenizer:
@@ -67,12 +70,12 @@ class Tokenizer:
         return BLANK_ID
 
     def encode(self, text: str) -> list[int]:
-        return self._sp.encode(text.lower())
+        return self._sp.encode(text.lower() if self.settings.lower_case else text)
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Upper-case text, words separated by single spaces."""
+        """Text (upper-case unless the model is cased), words separated by single spaces."""
         text = self._sp.decode([int(i) for i in ids if int(i) != BLANK_ID])
-        return " ".join(text.upper().split())
+        return " ".join((text.upper() if self.settings.lower_case else text).split())
 
     def piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(int(token_id))

@@ -14,7 +14,7 @@ RANKS = {
     "asrkit": 0, "errors": 0, "sizes": 0, "outputs": 1,
     "config": 1, "progress": 1,
     "audio": 2, "tokenizer": 2, "metrics": 2,
-    "features": 3, "nemo_mel": 3,
+    "features": 3, "nemo_mel": 2,
     "data": 4,
     "models": 5, "losses": 5,
     "checkpoints": 6,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,6 +146,258 @@ def encoders(out: Path) -> None:
     (out / "encoders.json").write_text(json.dumps(configs, indent=1) + "\n")
 
 
+TEXTS = ROOT / "tests/data/realspeech/test-real/9002/90021/9002-90021.trans.txt"
+MODELS = {
+    # a Conformer-Transducer (striding x4) and a FastConformer-TDT (dw_striding x8), tiny
+    "rnnt": dict(subsampling="striding", subsampling_factor=4, xscaling=True, tdt=False),
+    "tdt": dict(subsampling="dw_striding", subsampling_factor=8, xscaling=False, tdt=True),
+}
+DURATIONS = [0, 1, 2, 3, 4]
+
+
+def _rnnt_loss(logits, targets, input_lengths, target_lengths):
+    """Per-utterance RNN-T losses of logits [B, T, U+1, V+1] (blank last), by the forward
+    recursion one label row at a time: along t each row is a linear recurrence in log
+    space, alpha[t, u] = C[t] + logcumsumexp_s(e[s] - C[s]) with C the cumulative blank
+    log-probs. Only to train the fixture models quickly (NeMo's CPU loss loops in Python);
+    the fixtures' reference losses are NeMo's own."""
+    import torch
+
+    log_probs = logits.log_softmax(-1)
+    batch, frames, rows, _ = log_probs.shape
+    blank = log_probs[..., -1]  # [B, T, U+1]
+    index = targets[:, None, :, None].expand(batch, frames, rows - 1, 1)
+    label = log_probs[:, :, :-1, :].gather(3, index)[..., 0]  # [B, T, U]
+    cumulative = torch.cat([torch.zeros(batch, 1, rows), blank.cumsum(1)[:, :-1]], dim=1)
+    alpha = [cumulative[:, :, 0]]
+    for u in range(1, rows):
+        arrive = alpha[-1] + label[:, :, u - 1]
+        c = cumulative[:, :, u]
+        alpha.append(c + torch.logcumsumexp(arrive - c, dim=1))
+    alpha = torch.stack(alpha, dim=2)
+    b = torch.arange(batch)
+    last = input_lengths - 1
+    return -(alpha[b, last, target_lengths] + blank[b, last, target_lengths])
+
+
+def _overfit(model, batch, lengths, targets, target_lengths, steps: int = 400) -> None:
+    """Trains the tiny model on the clips' own transcripts for a few CPU minutes, so that it
+    decodes like a trained model: mostly blanks, varied tokens. A TDT model's token outputs
+    are trained with the RNN-T loss (NeMo's TDT loss needs CUDA); its duration outputs keep
+    their random initialisation, so greedy TDT search skips frames irregularly."""
+    import torch
+
+    vocab = model.tokenizer.vocab_size
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(steps):
+        # A copy: in training mode NeMo's preprocessor adds its dither to the input in place.
+        feats, feat_lengths = model.preprocessor(input_signal=batch.clone(), length=lengths)
+        encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
+        predicted, _, _ = model.decoder(targets=targets, target_length=target_lengths)
+        joint = model.joint.joint_after_projection(
+            model.joint.project_encoder(encoded.transpose(1, 2)),
+            model.joint.project_prednet(predicted.transpose(1, 2)),
+        )
+        loss = _rnnt_loss(joint[..., : vocab + 1], targets, encoded_lengths,
+                          target_lengths).mean()  # fmt: skip
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 20 == 0:
+            print(f"  step {step}: loss {float(loss):.3f}", flush=True)
+    model.eval()
+
+
+def _tokenizer(out: Path) -> Path:
+    """A 48-piece BPE SentencePiece model as NeMo's tokenizer script makes them (`<unk>`
+    at id 0, no bos/eos), trained on the clips' transcripts (lower case)."""
+    import sentencepiece
+
+    directory = out / "nemo_tokenizer"
+    directory.mkdir(exist_ok=True)
+    lines = [line.split(" ", 1)[1].lower() for line in TEXTS.read_text().splitlines()]
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines * 20), model_prefix=str(directory / "tokenizer"),
+        vocab_size=48, model_type="bpe", character_coverage=1.0, unk_id=0, bos_id=-1,
+        eos_id=-1, minloglevel=2,
+    )  # fmt: skip
+    pieces = [
+        line.split("\t")[0] for line in (directory / "tokenizer.vocab").read_text().splitlines()
+    ]
+    (directory / "vocab.txt").write_text("\n".join(pieces) + "\n")  # NeMo registers it too
+    return directory
+
+
+def _model_config(tokenizer: Path, name: str) -> dict:
+    kind = dict(MODELS[name])
+    tdt = kind.pop("tdt")
+    config = {
+        "sample_rate": 16000,
+        "tokenizer": {"dir": str(tokenizer), "type": "bpe"},
+        "preprocessor": {"_target_": "nemo.collections.asr.modules."
+                         "AudioToMelSpectrogramPreprocessor", **FEATURE_SETTINGS["conformer"]},
+        "encoder": {"_target_": "nemo.collections.asr.modules.ConformerEncoder", "feat_in": 80,
+                    "n_layers": 2, "d_model": 32, "n_heads": 4, "ff_expansion_factor": 4,
+                    "self_attention_model": "rel_pos", "untie_biases": True,
+                    "conv_kernel_size": 9, "conv_norm_type": "batch_norm", "dropout": 0.0,
+                    "dropout_pre_encoder": 0.0, "dropout_emb": 0.0, "dropout_att": 0.0,
+                    "subsampling_conv_channels": 16, **kind},
+        "decoder": {"_target_": "nemo.collections.asr.modules.RNNTDecoder",
+                    "normalization_mode": None, "random_state_sampling": False,
+                    "blank_as_pad": True,
+                    "prednet": {"pred_hidden": 24, "pred_rnn_layers": 2, "t_max": None,
+                                "dropout": 0.0}},
+        "joint": {"_target_": "nemo.collections.asr.modules.RNNTJoint", "log_softmax": None,
+                  "preserve_memory": False, "fuse_loss_wer": False, "fused_batch_size": 4,
+                  "jointnet": {"joint_hidden": 40, "activation": "relu", "dropout": 0.0}},
+        "decoding": {"strategy": "greedy_batch", "greedy": {"max_symbols": 5}},
+        "model_defaults": {"enc_hidden": 32, "pred_hidden": 24},
+    }  # fmt: skip
+    if tdt:
+        config["joint"]["num_extra_outputs"] = len(DURATIONS)
+        config["decoding"].update(model_type="tdt", durations=DURATIONS)
+        config["loss"] = {
+            "loss_name": "tdt",
+            "tdt_kwargs": {"durations": DURATIONS, "sigma": 0.02, "omega": 0.1},
+        }
+    return config
+
+
+def models(out: Path) -> None:
+    """Whole tiny NeMo transducers saved as .nemo archives (random init, BatchNorm
+    statistics and the joint's output randomised so that greedy search emits tokens), with
+    NeMo's own outputs on the real clips: encoder frames, the predictor and joint on the
+    transcripts' tokens, and greedy_batch's tokens (and TDT's frames)."""
+    import numpy as np
+    import torch
+    from nemo.collections.asr.losses.rnnt import RNNTLoss
+    from nemo.collections.asr.models import EncDecRNNTBPEModel
+    from omegaconf import OmegaConf
+
+    tokenizer = _tokenizer(out)
+    data = np.load(out / "features.npz")
+    import soundfile
+
+    waves = [soundfile.read(p, dtype="float32")[0] for p in CLIPS]
+    lengths = np.array([len(w) for w in waves])
+    batch = np.zeros((len(waves), lengths.max()), np.float32)
+    for i, w in enumerate(waves):
+        batch[i, : len(w)] = w
+    del data
+    lines = [line.split(" ", 1)[1].lower() for line in TEXTS.read_text().splitlines()]
+    arrays, summary = {}, {}
+    for name in MODELS:
+        torch.manual_seed(3)
+        model = EncDecRNNTBPEModel(cfg=OmegaConf.create(_model_config(tokenizer, name)))
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, torch.nn.BatchNorm1d):
+                    module.running_mean.normal_(0, 0.5)
+                    module.running_var.uniform_(0.5, 2.0)
+                if hasattr(module, "pos_bias_u") and module.pos_bias_u is not None:
+                    module.pos_bias_u.normal_(0, 0.2)
+                    module.pos_bias_v.normal_(0, 0.2)
+            out_layer = model.joint.joint_net[-1]
+            if out_layer.bias.shape[0] > model.tokenizer.vocab_size + 1:  # TDT durations
+                out_layer.bias[model.tokenizer.vocab_size + 1 :].normal_(0, 1.0)
+        tokens = [model.tokenizer.text_to_ids(t) for t in lines]
+        u = max(len(t) for t in tokens)
+        targets = np.zeros((len(tokens), u), np.int64)
+        for i, t in enumerate(tokens):
+            targets[i, : len(t)] = t
+        target_lengths = np.array([len(t) for t in tokens])
+        _overfit(model, torch.from_numpy(batch), torch.from_numpy(lengths),
+                 torch.from_numpy(targets), torch.from_numpy(target_lengths))  # fmt: skip
+        model.save_to(str(out / f"{name}.nemo"))
+        # NeMo's outputs are those of the archive as NeMo restores it (eval mode).
+        model = EncDecRNNTBPEModel.restore_from(str(out / f"{name}.nemo"), map_location="cpu")
+        model.eval()
+        with torch.no_grad():
+            feats, feat_lengths = model.preprocessor(
+                input_signal=torch.from_numpy(batch), length=torch.from_numpy(lengths)
+            )
+            encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
+            predicted, _, _ = model.decoder(
+                targets=torch.from_numpy(targets), target_length=torch.from_numpy(target_lengths)
+            )
+            joint = model.joint.joint(encoded.transpose(1, 2), predicted.transpose(1, 2))
+            vocab = model.tokenizer.vocab_size
+            losses = RNNTLoss(num_classes=vocab, reduction=None)(
+                log_probs=joint[..., : vocab + 1], targets=torch.from_numpy(targets),
+                input_lengths=encoded_lengths, target_lengths=torch.from_numpy(target_lengths),
+            )  # fmt: skip
+            mine = _rnnt_loss(joint[..., : vocab + 1], torch.from_numpy(targets), encoded_lengths,
+                              torch.from_numpy(target_lengths))  # fmt: skip
+            assert torch.allclose(mine, losses, rtol=1e-3), (mine, losses)  # the training loss
+            hyps = model.decoding.rnnt_decoder_predictions_tensor(
+                encoder_output=encoded, encoded_lengths=encoded_lengths, return_hypotheses=True
+            )
+        arrays[f"{name}/encoded"] = encoded.numpy()
+        arrays[f"{name}/encoded_lengths"] = encoded_lengths.numpy()
+        arrays[f"{name}/targets"] = targets
+        arrays[f"{name}/rnnt_losses"] = losses.numpy()  # NeMo's RNN-T loss of the token logits
+        arrays[f"{name}/target_lengths"] = target_lengths
+        arrays[f"{name}/predicted"] = predicted.numpy()  # [B, D, U+1]
+        # the joint [B, T, U+1, V+1 (+ durations)] at 400 random (b, t, u) points
+        rng = np.random.default_rng(0)
+        b = rng.integers(0, len(tokens), 400)
+        t = rng.integers(0, encoded_lengths.numpy()[b])
+        u = rng.integers(0, target_lengths[b] + 1)
+        arrays[f"{name}/joint_at"] = np.stack([b, t, u], axis=1)
+        arrays[f"{name}/joint"] = joint.numpy()[b, t, u]
+        summary[name] = {
+            "greedy": [[int(t) for t in h.y_sequence] for h in hyps],
+            "frames": [[int(t) for t in h.timestamp] for h in hyps],
+            "text": [model.tokenizer.ids_to_text([int(t) for t in h.y_sequence]) for h in hyps],
+        }
+    shutil.rmtree(tokenizer)  # a build input only: each .nemo holds its copy
+    np.savez_compressed(out / "models.npz", **arrays)
+    (out / "models.json").write_text(json.dumps(
+        {"clips": [str(p.relative_to(ROOT)) for p in CLIPS], "lines": lines, **summary},
+        indent=1,
+    ) + "\n")  # fmt: skip
+
+
+TDT_CASES = {
+    # name: (batch, frames, labels, vocab incl. blank, durations, sigma)
+    "small": (2, 6, 3, 5, [0, 1, 2], 0.0),
+    "sigma": (3, 9, 4, 7, [0, 1, 2, 3, 4], 0.05),
+    "no_zero": (2, 7, 2, 4, [1, 2, 4], 0.02),
+}
+
+
+def tdt_losses(out: Path) -> None:
+    """NeMo's PyTorch reference TDT loss (`TDTLossPytorch`; its two `.cuda()` calls made
+    no-ops here, in this script only) and its autograd gradient on random logits: per
+    utterance losses and the gradient of their sum w.r.t. the token and duration logits,
+    with padded frames and labels (`tdt_losses.npz`; logits laid out [B, T, U+1, V + D],
+    NeMo's blank last)."""
+    import numpy as np
+    import torch
+    from nemo.collections.asr.losses.rnnt_pytorch import TDTLossPytorch
+
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # the reference runs on CPU
+    arrays = {}
+    for name, (b, t, u, v, durations, sigma) in TDT_CASES.items():
+        rng = np.random.default_rng(len(name))
+        acts = torch.tensor(rng.standard_normal((b, t, u + 1, v + len(durations))),
+                            dtype=torch.float32, requires_grad=True)  # fmt: skip
+        labels = torch.tensor(rng.integers(0, v - 1, (b, u)))  # NeMo ids; blank = v - 1
+        act_lens = torch.tensor([t] + [t - 1 - i for i in range(b - 1)])
+        label_lens = torch.tensor([u] + [max(u - 1 - i, 0) for i in range(b - 1)])
+        loss_fn = TDTLossPytorch(blank=v - 1, durations=durations, reduction=None, sigma=sigma)
+        losses = loss_fn(acts=acts, labels=labels, act_lens=act_lens, label_lens=label_lens)
+        losses.sum().backward()
+        arrays.update({
+            f"{name}/acts": acts.detach().numpy(), f"{name}/labels": labels.numpy(),
+            f"{name}/act_lens": act_lens.numpy(), f"{name}/label_lens": label_lens.numpy(),
+            f"{name}/durations": np.array(durations), f"{name}/sigma": np.array(sigma),
+            f"{name}/losses": losses.detach().numpy(), f"{name}/grad": acts.grad.numpy(),
+        })  # fmt: skip
+    np.savez_compressed(out / "tdt_losses.npz", **arrays)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests/data/nemo")
@@ -153,6 +406,8 @@ def main() -> None:
     features(args.out)
     attention(args.out)
     encoders(args.out)
+    models(args.out)
+    tdt_losses(args.out)
     print(f"wrote {sorted(p.name for p in args.out.iterdir())}")
 
 

@@ -25,6 +25,7 @@ from asrkit.cli import (
     decode,
     export,
     features,
+    import_model,
     plan,
     plot,
     prepare,
@@ -38,7 +39,7 @@ from asrkit.errors import UserError
 # Each subcommand module exposes `register(subparsers)`; its parser sets `func`.
 SUBCOMMANDS = (
     corpus, prepare, tokenizer, features, plan, train, verify, average, decode, calibrate,
-    export, transcribe, plot,
+    export, transcribe, plot, import_model,
 )  # fmt: skip
 
 

@@ -86,9 +86,10 @@ def bucket_plan(frame_lengths, config: PipelineConfig) -> tuple[list[int], list[
     return boundaries, sizes
 
 
-def enough_frames(frames, tokens):
-    """At least as many encoder frames as tokens, and at least one; NumPy or TF."""
-    encoded = encoder_frames(frames)
+def enough_frames(frames, tokens, encoder=None):
+    """At least as many encoder frames (of `encoder`, an EncoderConfig) as tokens, and at
+    least one; NumPy or TF."""
+    encoded = encoder_frames(frames, encoder)
     return (encoded >= tokens) & (encoded >= 1)
 
 
@@ -137,15 +138,18 @@ def _uniform_int(seed, low, high, salt: int) -> tf.Tensor:
     return tf.random.stateless_uniform([], seed, minval=low, maxval=high, dtype=tf.int32)
 
 
-def index_shards(files: list[str]) -> RecordIndex:
-    """The usable records of `files` (enough encoder frames for their tokens), located by
-    byte offset, with their counts from the `*.lengths.json` side files."""
+def index_shards(files: list[str], encoder=None) -> RecordIndex:
+    """The usable records of `files` (enough frames of `encoder` for their tokens), located
+    by byte offset, with their counts from the `*.lengths.json` side files."""
 
     def counts(path):
         index = lengths_index(path)
         return np.asarray(index["frames"], np.int64), np.asarray(index["tokens"], np.int64)
 
-    return index_records(sorted(str(f) for f in files), counts, enough_frames)
+    def keep(frames, tokens):
+        return enough_frames(frames, tokens, encoder)
+
+    return index_records(sorted(str(f) for f in files), counts, keep)
 
 
 def prefetched_micro_batches() -> int:

@@ -16,6 +16,8 @@ from asrkit.config import DecodeConfig
 from asrkit.decoding.beam import beam_search, live_slots
 from asrkit.decoding.found import Found
 from asrkit.decoding.greedy import greedy_search
+from asrkit.decoding.tdt_greedy import tdt_greedy_search
+from asrkit.errors import InputError
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
 
@@ -118,6 +120,11 @@ def beam_decode(
 def search(model, encoded, encoder_lengths, options: DecodeOptions) -> Found:
     """Each row's hypotheses as graph tensors, best first: `Found` with a K axis
     ([B, K, N] tokens, [B, K] counts and scores; K = the beam, or 1 for greedy)."""
+    if model.joint.durations:
+        if options.method == "beam":
+            raise InputError("beam search is not available for TDT models yet: use --method greedy")
+        found = tdt_greedy_search(model, encoded, encoder_lengths, options.max_symbols_per_step)
+        return Found(*(x[:, None] for x in found))
     if options.method == "beam":
         return beam_search(
             model, encoded, encoder_lengths, options.beam, options.max_symbols_per_step

@@ -65,6 +65,11 @@ class StreamingDecoder:
                 "Conformer trained with model.encoder.chunk_frames > 0; this model's "
                 f"{type(network.encoder).__name__} attends to the whole utterance"
             )
+        if network.joint.durations:
+            raise UserError(
+                "streaming a TDT model (model.durations) is not available yet: decode or "
+                "transcribe it whole"
+            )
         self.network, self.features, self.normalize = network, features, normalize
         self.max_symbols_per_step, self.beam = max_symbols_per_step, int(beam)
         if self.beam < 1:

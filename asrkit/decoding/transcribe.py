@@ -72,7 +72,7 @@ class NetworkRecogniser:
         self.model, self.tokenizer, self.options = model, tokenizer, options
         self.features = config.features
         self.sample_rate = config.features.sample_rate
-        self.clock = FrameClock.of(config.features, emission_delay)
+        self.clock = FrameClock.of(config.features, emission_delay, config.model.encoder)
         self.normalize = normalizer_for(config.data.cmvn)
         self.pieces = tokenizer.surface_pieces()
 

@@ -54,13 +54,17 @@ class FrameClock:
     delay: float = 0.0  # seconds the model emits a word after it starts (asrkit calibrate)
 
     @classmethod
-    def of(cls, features: FeatureConfig, delay: float = 0.0) -> FrameClock:
+    def of(cls, features: FeatureConfig, delay: float = 0.0, encoder=None) -> FrameClock:
+        """The clock of a model's features and encoder (an EncoderConfig; default asrkit's
+        x4 subsampling). NeMo's features are centred on their hop (a centred STFT) and its
+        subsampling pads, so its encoder frame t is centred at t x factor x hop."""
         rate = float(features.sample_rate)
-        return cls(
-            period=SUBSAMPLING * features.frame_step / rate,
-            offset=(RECEPTIVE_CENTRE * features.frame_step + features.frame_length / 2) / rate,
-            delay=float(delay),
-        )
+        factor = encoder.frames_per_output if encoder is not None else SUBSAMPLING
+        if features.kind == "nemo":
+            offset = 0.0
+        else:
+            offset = (RECEPTIVE_CENTRE * features.frame_step + features.frame_length / 2) / rate
+        return cls(period=factor * features.frame_step / rate, offset=offset, delay=float(delay))
 
     def seconds(self, frames):
         raw = self.offset - self.delay + tf.cast(frames, tf.float32) * self.period

@@ -3,8 +3,14 @@
 torch lays a Linear's weight out [out, in] (Keras: kernel [in, out]), a Conv2d's
 [out, in, kh, kw] (Keras: [kh, kw, in, out]), a depthwise Conv2d's [C, 1, kh, kw] (Keras:
 [kh, kw, C, 1]), a depthwise Conv1d's [C, 1, k] (Keras: [k, C, 1]) and a pointwise Conv1d's
-[out, in, 1]. Every tensor of the state dict must be used and every variable filled, with
-its shape: anything else is an error naming the key.
+[out, in, 1], an LSTM's weight_ih/hh [4u, in] (gates i, f, g, o: Keras' i, f, c, o) with two
+biases (Keras: one, their sum). Every tensor of the state dict must be used and every
+variable filled, with its shape: anything else is an error naming the key.
+
+Token ids: NeMo's blank is the last output (V) and its embedding row V is the zero padding
+row; asrkit's blank is id 0 and its tokenizer ids are NeMo's + 1
+(`asrkit.importers.nemo_tokenizer`), so the embedding rows and the joint's output rows are
+rotated by one: asrkit row 0 = NeMo row V, asrkit row k + 1 = NeMo row k.
 """
 
 from __future__ import annotations
@@ -38,14 +44,15 @@ class _Assigner:
             )
         variable.assign(value.astype(np.float32))
 
-    def linear(self, dense, key: str, bias: bool = True) -> None:
+    def linear(self, dense, key: str) -> None:
         self.put(dense.kernel, self.take(f"{key}.weight").T, f"{key}.weight")
-        if bias:
+        if dense.use_bias:
             self.put(dense.bias, self.take(f"{key}.bias"), f"{key}.bias")
 
     def pointwise1d(self, dense, key: str) -> None:
         self.put(dense.kernel, self.take(f"{key}.weight")[:, :, 0].T, f"{key}.weight")
-        self.put(dense.bias, self.take(f"{key}.bias"), f"{key}.bias")
+        if dense.use_bias:
+            self.put(dense.bias, self.take(f"{key}.bias"), f"{key}.bias")
 
     def conv2d(self, conv, key: str, depthwise: bool = False) -> None:
         weight = self.take(f"{key}.weight")
@@ -94,14 +101,15 @@ def assign_nemo_encoder(
         for dense, key in ((att.query, "linear_q"), (att.key, "linear_k"),
                            (att.value, "linear_v"), (att.out, "linear_out")):  # fmt: skip
             a.linear(dense, f"{layer}.self_attn.{key}")
-        a.linear(att.position, f"{layer}.self_attn.linear_pos", bias=False)
+        a.linear(att.position, f"{layer}.self_attn.linear_pos")
         a.put(att.pos_bias_u, a.take(f"{layer}.self_attn.pos_bias_u"), "pos_bias_u")
         a.put(att.pos_bias_v, a.take(f"{layer}.self_attn.pos_bias_v"), "pos_bias_v")
         conv = block.conv
         a.pointwise1d(conv.pointwise_in, f"{layer}.conv.pointwise_conv1")
         depthwise = a.take(f"{layer}.conv.depthwise_conv.weight").transpose(2, 0, 1)
         a.put(conv.depthwise.kernel, depthwise, f"{layer}.conv.depthwise_conv.weight")
-        a.put(conv.depthwise.bias, a.take(f"{layer}.conv.depthwise_conv.bias"), "bias")
+        if conv.use_bias:
+            a.put(conv.depthwise.bias, a.take(f"{layer}.conv.depthwise_conv.bias"), "bias")
         a.batch_norm(conv.norm, f"{layer}.conv.batch_norm")
         a.pointwise1d(conv.pointwise_out, f"{layer}.conv.pointwise_conv2")
     mine = {k for k in state if k.startswith(prefix)}
@@ -112,3 +120,95 @@ def assign_nemo_encoder(
             f"{left[:3]} (another architecture or an option not supported?)"
         )
     return a.used
+
+
+def blank_first(rows: np.ndarray, vocab_with_blank: int) -> np.ndarray:
+    """NeMo's rows [blank last] -> asrkit's [blank first] along axis 0 (the first
+    `vocab_with_blank` rows; a TDT joint's duration rows after them are not included)."""
+    v = vocab_with_blank - 1
+    return np.concatenate([rows[v : v + 1], rows[:v]], axis=0)
+
+
+def assign_nemo_transducer(network, state: dict[str, np.ndarray], source: str = "") -> None:
+    """Fills a built asrkit Transducer (kind nemo_conformer, LSTM predictor with
+    blank_as_pad, relu/tanh joint) from a NeMo EncDecRNNTBPEModel's whole state dict.
+    Tensors of heads asrkit does not import (e.g. a hybrid model's `ctc_decoder.`) must be
+    removed from `state` first. Errors name `source` (the file)."""
+    try:
+        _assign_transducer(network, state)
+    except WeightMismatch as err:
+        raise WeightMismatch(f"{source}: {err}" if source else str(err)) from None
+
+
+def _assign_transducer(network, state: dict[str, np.ndarray]) -> None:
+    used = assign_nemo_encoder(network.encoder, state, "encoder.")
+    a = _Assigner(state, "")
+    vocab = network.vocab_size  # asrkit's V = NeMo's tokens + blank
+    predictor = network.predictor
+    embed = a.take("decoder.prediction.embed.weight")
+    if embed.shape[0] != vocab:
+        raise WeightMismatch(
+            f"decoder.prediction.embed.weight: {embed.shape[0]} rows for a vocabulary of "
+            f"{vocab - 1} + blank (is the tokenizer the model's own?)"
+        )
+    a.put(predictor.embedding.embeddings, blank_first(embed, vocab), "decoder.prediction.embed")
+    for k, lstm in enumerate(predictor.lstms):
+        key = "decoder.prediction.dec_rnn.lstm"
+        cell = lstm.cell
+        a.put(cell.kernel, a.take(f"{key}.weight_ih_l{k}").T, f"{key}.weight_ih_l{k}")
+        a.put(cell.recurrent_kernel, a.take(f"{key}.weight_hh_l{k}").T, f"{key}.weight_hh_l{k}")
+        bias = a.take(f"{key}.bias_ih_l{k}") + a.take(f"{key}.bias_hh_l{k}")
+        a.put(cell.bias, bias, f"{key}.bias_ih_l{k} + bias_hh_l{k}")
+    joint = network.joint
+    # hidden = enc(e) + pred(p): both biases are one bias of the sum.
+    a.put(joint.encoder_proj.kernel, a.take("joint.enc.weight").T, "joint.enc.weight")
+    a.put(joint.encoder_proj.bias, a.take("joint.enc.bias") + a.take("joint.pred.bias"),
+          "joint.enc.bias + joint.pred.bias")  # fmt: skip
+    a.put(joint.predictor_proj.kernel, a.take("joint.pred.weight").T, "joint.pred.weight")
+    out_key = next((k for k in ("joint.joint_net.2", "joint.joint_net.1")
+                    if f"{k}.weight" in state), "joint.joint_net.1")  # fmt: skip
+    weight, bias = a.take(f"{out_key}.weight"), a.take(f"{out_key}.bias")
+    durations = joint.durations
+    if weight.shape[0] != vocab + durations:
+        raise WeightMismatch(
+            f"{out_key}.weight: {weight.shape[0]} outputs for a vocabulary of {vocab - 1} + "
+            f"blank + {durations} durations (does the config match the weights?)"
+        )
+    a.put(joint.output_layer.kernel, blank_first(weight[:vocab], vocab).T, f"{out_key}.weight")
+    a.put(joint.output_layer.bias, blank_first(bias[:vocab], vocab), f"{out_key}.bias")
+    if durations:
+        a.put(joint.duration_layer.kernel, weight[vocab:].T, f"{out_key}.weight (durations)")
+        a.put(joint.duration_layer.bias, bias[vocab:], f"{out_key}.bias (durations)")
+    left = sorted(set(state) - used - a.used)
+    if left:
+        raise WeightMismatch(
+            f"{len(left)} tensor(s) of the checkpoint have no place in the model, e.g. "
+            f"{left[:3]} (another architecture or an option not supported?)"
+        )
+
+
+def check_feature_buffers(state: dict[str, np.ndarray], features, source: str) -> None:
+    """The checkpoint's own mel filterbank and window (`preprocessor.featurizer.fb`,
+    `.window`), if it has them, must be the ones asrkit computes from the settings (NeMo
+    computes them the same way; a model trained with other buffers is refused)."""
+    from asrkit.features import nemo_settings
+    from asrkit.nemo_mel import slaney_mel_filterbank, symmetric_hann
+
+    settings = nemo_settings(features)
+    expected = {
+        "preprocessor.featurizer.fb": slaney_mel_filterbank(settings),
+        "preprocessor.featurizer.window": symmetric_hann(settings.win_length),
+    }
+    for key, want in expected.items():
+        if key not in state:
+            continue
+        got = (
+            np.asarray(state[key], np.float64).reshape(want.shape)
+            if state[key].size == want.size
+            else None
+        )
+        if got is None or np.max(np.abs(got - want)) > 1e-6 * max(1.0, np.max(np.abs(want))):
+            raise WeightMismatch(
+                f"{source}: {key} differs from the buffer of the preprocessor settings (a "
+                "filterbank or window asrkit does not compute)"
+            )

@@ -44,8 +44,9 @@ def band_log_probs(
     band_labels: tf.Tensor,
     blank: int = 0,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    activation: str = "tanh",
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """(log_blank, log_label) [B, T, S] float32.
+    """(log_blank, log_label) [B, T, S] float32 (the joint's `activation`: tanh or relu).
 
     encoder_hidden: [B, T, H]; predictor_hidden: [B, U+1, H] (the projected predictor
     rows); rows [B, T, S]: the predictor row of each frame's band column; kernel [H, V],
@@ -72,7 +73,7 @@ def band_log_probs(
         rows_c, _ = in_chunks(rows, chunk)  # padding frames read row 0; their gradient is 0
         labels_c, _ = in_chunks(band_labels, chunk)
         lse, log_blank, log_label = _forward(
-            enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames
+            enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames, activation
         )
 
         def grad(g_blank, g_label):
@@ -81,7 +82,7 @@ def band_log_probs(
             lse_c, _ = in_chunks(lse, chunk)
             d_enc, d_pred, d_kernel, d_bias = _backward(
                 enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames, lse_c,
-                g_blank_c, g_label_c,
+                g_blank_c, g_label_c, activation,
             )  # fmt: skip
             return (
                 tf.cast(d_enc, enc.dtype),
@@ -95,18 +96,18 @@ def band_log_probs(
     return core(encoder_hidden, predictor_hidden, kernel, bias)
 
 
-def _chunk(enc_c, pred, rows_c, kernel, bias, i):
+def _chunk(enc_c, pred, rows_c, kernel, bias, i, activation):
     """Chunk i: hidden [B, C, S, H] (compute dtype) and float32 logits [B, C, S, V]."""
     enc = tf.gather(enc_c, i, axis=1)  # [B, C, H]
     band = tf.gather(pred, tf.gather(rows_c, i, axis=1), axis=1, batch_dims=1)  # [B, C, S, H]
-    return joint_cells(enc[:, :, None, :] + band, kernel, bias)
+    return joint_cells(enc[:, :, None, :] + band, kernel, bias, activation)
 
 
 # Graph functions even for eager callers (see asrkit.losses.fused).
 @functools.partial(tf.function, reduce_retracing=True)
-def _forward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames):
+def _forward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames, activation):
     def body(i, lse_acc, blank_acc, label_acc):
-        _, logits = _chunk(enc_c, pred, rows_c, kernel, bias, i)
+        _, logits = _chunk(enc_c, pred, rows_c, kernel, bias, i, activation)
         lse, picked_blank, picked_label = picked(logits, tf.gather(labels_c, i, axis=1), blank)
         return (i + 1, lse_acc.write(i, lse), blank_acc.write(i, picked_blank),
                 label_acc.write(i, picked_label))  # fmt: skip
@@ -118,17 +119,18 @@ def _forward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames)
 
 @functools.partial(tf.function, reduce_retracing=True)
 def _backward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames, lse_c,
-              g_blank_c, g_label_c):  # fmt: skip
+              g_blank_c, g_label_c, activation):  # fmt: skip
     shape = tf.shape(pred)
     # Row r of utterance b is segment b·(U+1) + r of the flattened predictor.
     offsets = tf.range(shape[0])[:, None, None] * shape[1]  # [B, 1, 1]
 
     def body(i, d_enc, d_pred, d_kernel, d_bias):
-        hidden, logits = _chunk(enc_c, pred, rows_c, kernel, bias, i)
+        hidden, logits = _chunk(enc_c, pred, rows_c, kernel, bias, i, activation)
         # The loss' upstream gradients are minus the posteriors `cells_gradient` expects.
         d_pre, chunk_kernel, chunk_bias = cells_gradient(
             hidden, logits, tf.gather(lse_c, i, axis=1), -tf.gather(g_blank_c, i, axis=1),
             -tf.gather(g_label_c, i, axis=1), blank, tf.gather(labels_c, i, axis=1), kernel,
+            activation,
         )  # fmt: skip
         d_kernel = tf.ensure_shape(d_kernel + chunk_kernel, kernel.shape)
         d_bias = tf.ensure_shape(d_bias + chunk_bias, bias.shape)

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+# The joint's activation, and its derivative from the activation's *output* (all the
+# backward pass keeps): tanh' = 1 - tanh², relu' = [relu > 0].
+ACTIVATIONS = {
+    "tanh": (tf.tanh, lambda hidden: 1.0 - tf.square(hidden)),
+    "relu": (tf.nn.relu, lambda hidden: tf.cast(hidden > 0, hidden.dtype)),
+}
 
-def joint_cells(pre, kernel, bias):
-    """The joint on cells [B, C, X, H] before its tanh -> hidden (compute dtype) and float32
-    logits [B, C, X, V]."""
-    hidden = tf.tanh(pre)
+
+def joint_cells(pre, kernel, bias, activation: str = "tanh"):
+    """The joint on cells [B, C, X, H] before its activation -> hidden (compute dtype) and
+    float32 logits [B, C, X, V]."""
+    hidden = ACTIVATIONS[activation][0](pre)
     logits = cells_matmul(hidden, kernel) + bias
     return hidden, tf.cast(logits, tf.float32)
 
@@ -20,11 +27,13 @@ def picked(logits, labels, blank):
     return lse, logits[..., blank] - lse, tf.gather(logits, labels, batch_dims=3) - lse
 
 
-def cells_gradient(hidden, logits, lse, post_blank, post_label, blank, labels, kernel):
+def cells_gradient(
+    hidden, logits, lse, post_blank, post_label, blank, labels, kernel, activation="tanh"
+):
     """The gradient of −Σ post · picked log-prob over cells [B, C, X]: d logits = softmax ·
     (post_blank + post_label) − post_blank · onehot(blank) − post_label · onehot(label)
     (`labels` [B, C or 1, X]; the one-hot terms added where they fall, never as [.., V]),
-    then -> (d before the tanh [B, C, X, H], d kernel, d bias), all float32."""
+    then -> (d before the activation [B, C, X, H], d kernel, d bias), all float32."""
     softmax = tf.exp(logits - lse[..., None])
     d_logits = softmax * (post_blank + post_label)[..., None]  # [B, C, X, V] float32
     labels = tf.broadcast_to(labels, tf.shape(post_label))
@@ -36,7 +45,7 @@ def cells_gradient(hidden, logits, lse, post_blank, post_label, blank, labels, k
     d_kernel = tf.matmul(flat_hidden, flat_d_logits, transpose_a=True)
     d_bias = tf.reduce_sum(flat_d_logits, axis=0)
     d_hidden = cells_matmul(d_logits, tf.cast(kernel, tf.float32), transpose_w=True)
-    return d_hidden * (1.0 - tf.square(hidden32)), d_kernel, d_bias  # through tanh
+    return d_hidden * ACTIVATIONS[activation][1](hidden32), d_kernel, d_bias
 
 
 def add_at_last(x, ids, values):

@@ -47,11 +47,12 @@ def frames_in_budget(chunk_bytes, per_frame, frames):
 
 
 def in_chunks(x, chunk):
-    """[B, T, K] -> [B, N, C, K] (zero-padded to N·C frames) and N."""
+    """[B, T, ...] -> [B, N, C, ...] (zero-padded to N·C frames) and N."""
     shape = tf.shape(x)
     chunks = (shape[1] + chunk - 1) // chunk
-    padded = tf.pad(x, [[0, 0], [0, chunks * chunk - shape[1]], [0, 0]])
-    return tf.reshape(padded, [shape[0], chunks, chunk, shape[2]]), chunks
+    paddings = [[0, 0], [0, chunks * chunk - shape[1]]] + [[0, 0]] * (x.shape.rank - 2)
+    padded = tf.pad(x, paddings)
+    return tf.reshape(padded, tf.concat([[shape[0], chunks, chunk], shape[2:]], 0)), chunks
 
 
 def chunk_loop(chunks, body, init):
@@ -62,8 +63,9 @@ def chunk_loop(chunks, body, init):
 
 
 def stitch(array: tf.TensorArray, frames) -> tf.Tensor:
-    """Chunks [N, B, C, U+1] -> [B, T, U+1] (padding frames dropped)."""
+    """Chunks [N, B, C, ...] -> [B, T, ...] (padding frames dropped)."""
     stacked = array.stack()
-    shape = tf.shape(stacked)
-    joined = tf.reshape(tf.transpose(stacked, [1, 0, 2, 3]), [shape[1], -1, shape[3]])
+    shape, rank = tf.shape(stacked), stacked.shape.rank
+    moved = tf.transpose(stacked, [1, 0, *range(2, rank)])
+    joined = tf.reshape(moved, tf.concat([[shape[1], -1], shape[3:]], 0))
     return joined[:, :frames]

@@ -52,8 +52,10 @@ def fused_joint_rnnt_loss(
     chunk_frames: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     delay_penalty: float = 0.0,
+    activation: str = "tanh",
 ) -> tf.Tensor:
-    """Per-utterance RNN-T loss [B] (float32) of the joint `tanh(e + p) @ kernel + bias`.
+    """Per-utterance RNN-T loss [B] (float32) of the joint `act(e + p) @ kernel + bias`
+    (`activation` tanh or relu).
 
     Args:
       encoder_hidden: [B, T, H] projected encoder frames (the joint's encoder projection).
@@ -81,19 +83,19 @@ def fused_joint_rnnt_loss(
     )  # fmt: skip
     return _loss(
         encoder_hidden, predictor_hidden, kernel, bias, labels, logit_lengths, label_lengths,
-        int(blank), chunk, float(delay_penalty),
+        int(blank), chunk, float(delay_penalty), activation,
     )  # fmt: skip
 
 
-def _chunk_logits(enc_chunks, pred, kernel, bias, i):
+def _chunk_logits(enc_chunks, pred, kernel, bias, i, activation):
     """Hidden [B, C, U+1, H] (compute dtype) and float32 logits [B, C, U+1, V] of chunk i
     of `enc_chunks` [B, N, C, H] — frames past T are zero padding, masked later. (A gather
     of chunk i, not a slice of size C: XLA needs the sizes inside a loop to be constant.)"""
     enc_c = tf.gather(enc_chunks, i, axis=1)
-    return joint_cells(enc_c[:, :, None, :] + pred[:, None, :, :], kernel, bias)
+    return joint_cells(enc_c[:, :, None, :] + pred[:, None, :, :], kernel, bias, activation)
 
 
-def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, chunk, delay):
+def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, chunk, delay, act):
     @tf.custom_gradient
     def core(enc, pred, kernel, bias):
         enc_s, pred_s = tf.stop_gradient(enc), tf.stop_gradient(pred)
@@ -103,7 +105,7 @@ def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, 
         padded, chunks = in_chunks(enc_s, chunk)
 
         lse, log_blank, log_label = _forward_chunks(
-            padded, chunks, pred_s, kernel_s, bias_s, next_label, blank, chunk, frames
+            padded, chunks, pred_s, kernel_s, bias_s, next_label, blank, chunk, frames, act
         )
         log_blank, log_label = mask_emissions(
             log_blank, log_label, logit_lengths, label_lengths, delay
@@ -115,7 +117,7 @@ def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, 
 
         def grad(upstream):
             return _backward(padded, chunks, pred_s, kernel_s, bias_s, upstream, saved,
-                             blank, chunk, frames)  # fmt: skip
+                             blank, chunk, frames, act)  # fmt: skip
 
         return -log_prob, grad
 
@@ -125,11 +127,11 @@ def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, 
 # Graph functions even for eager callers: a TensorArray in an eager while loop crashes
 # TensorFlow 2.21 when several logical devices are configured (and is slow anyway).
 @functools.partial(tf.function, reduce_retracing=True)
-def _forward_chunks(padded, chunks, pred, kernel, bias, next_label, blank, chunk, frames):
+def _forward_chunks(padded, chunks, pred, kernel, bias, next_label, blank, chunk, frames, act):
     """Log-sum-exp, blank and next-label log-probs [B, T, U+1], one chunk at a time."""
 
     def forward_chunk(i, lse_acc, blank_acc, label_acc):
-        _, logits = _chunk_logits(padded, pred, kernel, bias, i)
+        _, logits = _chunk_logits(padded, pred, kernel, bias, i, act)
         label_index = tf.broadcast_to(next_label[:, None, :], tf.shape(logits)[:3])
         lse, picked_blank, picked_label = picked(logits, label_index, blank)  # [B, C, U+1]
         return (i + 1, lse_acc.write(i, lse), blank_acc.write(i, picked_blank),
@@ -141,17 +143,18 @@ def _forward_chunks(padded, chunks, pred, kernel, bias, next_label, blank, chunk
 
 
 @functools.partial(tf.function, reduce_retracing=True)
-def _backward(padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk, frames):
+def _backward(padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk, frames, act):
     post_blank, post_label = posteriors(saved, upstream, frames)  # [B, T, U+1]
     post_blank, post_label, lse = (in_chunks(x, chunk)[0]
                                    for x in (post_blank, post_label, saved.lse))  # fmt: skip
     labels = saved.next_label[:, None]  # [B, 1, U+1]
 
     def backward_chunk(i, d_enc, d_pred, d_kernel, d_bias):
-        hidden, logits = _chunk_logits(padded, pred, kernel, bias, i)
+        hidden, logits = _chunk_logits(padded, pred, kernel, bias, i, act)
         blank_c, label_c = tf.gather(post_blank, i, axis=1), tf.gather(post_label, i, axis=1)
         d_pre, chunk_kernel, chunk_bias = cells_gradient(
             hidden, logits, tf.gather(lse, i, axis=1), blank_c, label_c, blank, labels, kernel,
+            act,
         )  # fmt: skip
         d_enc = d_enc.write(i, tf.reduce_sum(d_pre, axis=2))  # [B, C, H]
         d_pred = tf.ensure_shape(d_pred + tf.reduce_sum(d_pre, axis=1), pred.shape)

@@ -26,6 +26,7 @@ import functools
 import tensorflow as tf
 
 from asrkit.losses.band import band_log_probs
+from asrkit.losses.cells import ACTIVATIONS
 from asrkit.losses.chunks import DEFAULT_CHUNK_BYTES
 from asrkit.losses.lattice import (
     LOG_ZERO,
@@ -196,8 +197,9 @@ def pruned_loss(
     blank: int = 0,
     fused: bool = False,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    activation: str = "tanh",
 ):
-    """The RNN-T loss [B] of the joint `output_layer(tanh(enc + pred))` evaluated only on
+    """The RNN-T loss [B] of the joint `output_layer(act(enc + pred))` evaluated only on
     each frame's band of `prune_range` predictor rows starting at `s_begin` [B, T].
 
     encoder_hidden: [B, T, H] and predictor_hidden: [B, U+1, H] (the joint's projections);
@@ -213,11 +215,11 @@ def pruned_loss(
     if fused:
         band_blank, band_label = band_log_probs(
             encoder_hidden, predictor_hidden, rows, output_layer.kernel, output_layer.bias,
-            band_labels, blank, chunk_bytes,
+            band_labels, blank, chunk_bytes, activation,
         )  # fmt: skip
     else:
         pred_band = tf.gather(predictor_hidden, rows, axis=1, batch_dims=1)  # [B, T, S, H]
-        hidden = tf.tanh(encoder_hidden[:, :, None, :] + pred_band)
+        hidden = ACTIVATIONS[activation][0](encoder_hidden[:, :, None, :] + pred_band)
         log_probs = tf.nn.log_softmax(tf.cast(output_layer(hidden), tf.float32), axis=-1)
         band_blank = log_probs[..., blank]
         band_label = tf.gather(log_probs, band_labels[..., None], axis=3, batch_dims=3)[..., 0]

@@ -1,4 +1,7 @@
-"""The joint network: one encoder frame and one predictor state -> logits over V."""
+"""The joint network: one encoder frame and one predictor state -> logits over V.
+
+hidden = activation(encoder_proj(e) + predictor_proj(p)); logits = output(hidden). A TDT
+joint also gives `durations` logits from the same hidden vector (`duration_logits`)."""
 
 from __future__ import annotations
 
@@ -10,12 +13,39 @@ from asrkit.models.layers import CompositeLayer
 
 @keras.saving.register_keras_serializable(package="asrkit")
 class Joint(CompositeLayer):
-    def __init__(self, *, vocab_size: int, dim: int, **kwargs):
+    def __init__(
+        self, *, vocab_size: int, dim: int, activation: str = "tanh", durations: int = 0,
+        **kwargs,
+    ):  # fmt: skip
         super().__init__(**kwargs)
         self.vocab_size, self.dim = vocab_size, dim
+        self.activation, self.durations = activation, durations
         self.encoder_proj = keras.layers.Dense(dim, name="encoder_proj")
         self.predictor_proj = keras.layers.Dense(dim, use_bias=False, name="predictor_proj")
         self.output_layer = keras.layers.Dense(vocab_size, name="output")
+        self.duration_layer = keras.layers.Dense(durations, name="durations") if durations else None
+
+    def activate(self, hidden):
+        if self.activation == "relu":  # tf.maximum: Grappler mis-fuses a Relu in these loops
+            return tf.maximum(hidden, tf.zeros_like(hidden))
+        return tf.tanh(hidden)
+
+    def hidden(self, encoded, predicted):
+        """The activated hidden vector: [B, De] and [B, Dp] -> [B, D]; [B, T, De] and
+        [B, U+1, Dp] -> [B, T, U+1, D]."""
+        if encoded.shape.rank == 2:
+            return self.activate(self.encoder_proj(encoded) + self.predictor_proj(predicted))
+        enc = self.encoder_proj(encoded)[:, :, None, :]
+        return self.activate(enc + self.predictor_proj(predicted)[:, None, :, :])
+
+    def tokens_and_durations(self, encoded, predicted):
+        """TDT: (token logits, duration logits) from one hidden vector."""
+        hidden = self.hidden(encoded, predicted)
+        return self.output_layer(hidden), self.duration_layer(hidden)
+
+    def duration_logits(self, encoded, predicted):
+        """TDT: logits over the durations, shaped as `call`'s logits with D for V."""
+        return self.duration_layer(self.hidden(encoded, predicted))
 
     def project(self, encoded, predicted):
         """The two projections before the joint's widest tensor: encoded [B, T, De] ->
@@ -26,15 +56,14 @@ class Joint(CompositeLayer):
         """encoded [B, T, De], predicted [B, U+1, Dp] -> logits [B, T, U+1, V].
 
         Also takes [B, De] and [B, Dp] (one frame, one state: decoding) -> [B, V]."""
-        if encoded.shape.rank == 2:
-            hidden = self.encoder_proj(encoded) + self.predictor_proj(predicted)
-        else:
-            enc = self.encoder_proj(encoded)[:, :, None, :]
-            hidden = enc + self.predictor_proj(predicted)[:, None, :, :]
-        return self.output_layer(tf.tanh(hidden))
+        hidden = self.hidden(encoded, predicted)
+        if self.duration_layer is not None and not self.duration_layer.built:
+            self.duration_layer(hidden)  # built with the rest, so checkpoints hold it
+        return self.output_layer(hidden)
 
     def get_config(self):
-        return {**super().get_config(), "vocab_size": self.vocab_size, "dim": self.dim}
+        return {**super().get_config(), "vocab_size": self.vocab_size, "dim": self.dim,
+                "activation": self.activation, "durations": self.durations}  # fmt: skip
 
 
 @keras.saving.register_keras_serializable(package="asrkit")

@@ -15,7 +15,9 @@ output on its own checkpoints — tests/models/test_nemo_conformer.py).
   after the block (`norm_out`). LayerNorm and BatchNorm epsilons are torch's (1e-5).
 
 BatchNorm normalises with its running statistics unless `batch_norm_statistics` is
-"batch" (training from batch statistics, which breaks exact accumulation).
+"batch" (training from batch statistics, which breaks exact accumulation). `dropout` is
+NeMo's residual dropout (on each module's output before its residual addition); NeMo's
+attention-weight and pre-encoder dropouts are not modelled (0 in inference anyway).
 """
 
 from __future__ import annotations
@@ -52,6 +54,22 @@ def _time_mask(x, lengths):
     return x * tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([tf.rank(x) - 2], tf.int32)], 0))
 
 
+def _conv(conv, x):
+    """A subsampling convolution (3x3 stride 2 valid, or pointwise); for an empty batch (a
+    replica's empty share) zeros of the output shape: TensorFlow's CPU kernels give
+    tensors of the wrong shape for no items."""
+    shape = tf.shape(x)
+    channels = getattr(conv, "filters", None) or x.shape[3]
+    size, stride = conv.kernel_size[0], conv.strides[0]
+
+    def empty():
+        out = [0, (shape[1] - size) // stride + 1, (shape[2] - size) // stride + 1, channels]
+        return tf.zeros(tf.stack(out), x.dtype)
+
+    y = tf.cond(shape[0] > 0, lambda: conv(x), empty)
+    return tf.ensure_shape(y, [None, None, None, channels])
+
+
 @keras.saving.register_keras_serializable(package="asrkit")
 class NemoSubsampling(CompositeLayer):
     """features [B, T, F], lengths -> [B, T', d_model], lengths'."""
@@ -78,10 +96,11 @@ class NemoSubsampling(CompositeLayer):
         x = features[..., None]  # [B, T, F, 1]: time and frequency as the image axes
         for i, conv in enumerate(self.convs):
             x = _time_mask(x, lengths)
-            x = conv(tf.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]]))
+            x = tf.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]])
+            x = _conv(conv, x)
             lengths = halved_frames(lengths, 1)
             if self.kind == "dw_striding" and i > 0:
-                x = self.pointwise[i - 1](_time_mask(x, lengths))
+                x = _conv(self.pointwise[i - 1], _time_mask(x, lengths))
             x = tf.nn.relu(x)
         x = _time_mask(x, lengths)
         shape = tf.shape(x)  # [B, T', F', C] -> channel-major [B, T', C * F']
@@ -95,31 +114,37 @@ class NemoSubsampling(CompositeLayer):
 
 @keras.saving.register_keras_serializable(package="asrkit")
 class NemoFeedForward(CompositeLayer):
-    def __init__(self, *, d_model: int, expansion: int, **kwargs):
+    def __init__(self, *, d_model: int, expansion: int, use_bias: bool = True, **kwargs):
         super().__init__(**kwargs)
-        self.d_model, self.expansion = d_model, expansion
-        self.inner = keras.layers.Dense(d_model * expansion, name="inner")
-        self.outer = keras.layers.Dense(d_model, name="outer")
+        self.d_model, self.expansion, self.use_bias = d_model, expansion, use_bias
+        self.inner = keras.layers.Dense(d_model * expansion, use_bias=use_bias, name="inner")
+        self.outer = keras.layers.Dense(d_model, use_bias=use_bias, name="outer")
 
     def call(self, x):
         return self.outer(keras.activations.silu(self.inner(x)))
 
     def get_config(self):
-        return {**super().get_config(), "d_model": self.d_model, "expansion": self.expansion}
+        return {**super().get_config(), "d_model": self.d_model, "expansion": self.expansion,
+                "use_bias": self.use_bias}  # fmt: skip
 
 
 @keras.saving.register_keras_serializable(package="asrkit")
 class NemoConvolution(CompositeLayer):
-    def __init__(self, *, d_model: int, kernel_size: int, batch_norm_statistics: str, **kwargs):
+    def __init__(
+        self, *, d_model: int, kernel_size: int, batch_norm_statistics: str,
+        use_bias: bool = True, **kwargs,
+    ):  # fmt: skip
         super().__init__(**kwargs)
         if kernel_size % 2 == 0:
             raise ValueError(f"the convolution kernel must be odd, got {kernel_size}")
-        self.d_model, self.kernel_size = d_model, kernel_size
+        self.d_model, self.kernel_size, self.use_bias = d_model, kernel_size, use_bias
         self.batch_norm_statistics = batch_norm_statistics
-        self.pointwise_in = keras.layers.Dense(2 * d_model, name="pointwise_in")
-        self.depthwise = keras.layers.DepthwiseConv1D(kernel_size, padding="same")
+        self.pointwise_in = keras.layers.Dense(2 * d_model, use_bias=use_bias, name="pointwise_in")
+        self.depthwise = keras.layers.DepthwiseConv1D(
+            kernel_size, padding="same", use_bias=use_bias
+        )
         self.norm = BatchNorm(epsilon=_EPSILON, momentum=0.9)
-        self.pointwise_out = keras.layers.Dense(d_model, name="pointwise_out")
+        self.pointwise_out = keras.layers.Dense(d_model, use_bias=use_bias, name="pointwise_out")
 
     def call(self, x, lengths, training=False):
         h = self.pointwise_in(x)
@@ -131,7 +156,8 @@ class NemoConvolution(CompositeLayer):
 
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model, "kernel_size": self.kernel_size,
-                "batch_norm_statistics": self.batch_norm_statistics}  # fmt: skip
+                "batch_norm_statistics": self.batch_norm_statistics,
+                "use_bias": self.use_bias}  # fmt: skip
 
 
 def _layer_norm():
@@ -142,38 +168,45 @@ def _layer_norm():
 class NemoConformerLayer(CompositeLayer):
     def __init__(
         self, *, d_model: int, num_heads: int, expansion: int, kernel_size: int,
-        batch_norm_statistics: str, **kwargs,
+        batch_norm_statistics: str, dropout: float = 0.0, use_bias: bool = True, **kwargs,
     ):  # fmt: skip
         super().__init__(**kwargs)
         self.d_model, self.num_heads, self.expansion = d_model, num_heads, expansion
         self.kernel_size, self.batch_norm_statistics = kernel_size, batch_norm_statistics
+        self.dropout, self.use_bias = dropout, use_bias
+        self.drop = keras.layers.Dropout(dropout)
         self.norm_ff1, self.ff1 = (
             _layer_norm(),
-            NemoFeedForward(d_model=d_model, expansion=expansion),
+            NemoFeedForward(d_model=d_model, expansion=expansion, use_bias=use_bias),
         )
         self.norm_attention = _layer_norm()
-        self.attention = RelPositionSelfAttention(d_model=d_model, num_heads=num_heads)
+        self.attention = RelPositionSelfAttention(
+            d_model=d_model, num_heads=num_heads, use_bias=use_bias
+        )
         self.norm_conv = _layer_norm()
         self.conv = NemoConvolution(d_model=d_model, kernel_size=kernel_size,
-                                    batch_norm_statistics=batch_norm_statistics)  # fmt: skip
+                                    batch_norm_statistics=batch_norm_statistics,
+                                    use_bias=use_bias)  # fmt: skip
         self.norm_ff2, self.ff2 = (
             _layer_norm(),
-            NemoFeedForward(d_model=d_model, expansion=expansion),
+            NemoFeedForward(d_model=d_model, expansion=expansion, use_bias=use_bias),
         )
         self.norm_out = _layer_norm()
 
     def call(self, x, lengths, training=False):
         valid = tf.sequence_mask(lengths, tf.shape(x)[1])
-        x = x + 0.5 * self.ff1(self.norm_ff1(x))
-        x = x + self.attention(self.norm_attention(x), valid)
-        x = x + self.conv(self.norm_conv(x), lengths, training=training)
-        x = x + 0.5 * self.ff2(self.norm_ff2(x))
+        drop = lambda h: self.drop(h, training=training)  # noqa: E731 (NeMo's `dropout`)
+        x = x + 0.5 * drop(self.ff1(self.norm_ff1(x)))
+        x = x + drop(self.attention(self.norm_attention(x), valid))
+        x = x + drop(self.conv(self.norm_conv(x), lengths, training=training))
+        x = x + 0.5 * drop(self.ff2(self.norm_ff2(x)))
         return self.norm_out(x)
 
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
                 "expansion": self.expansion, "kernel_size": self.kernel_size,
-                "batch_norm_statistics": self.batch_norm_statistics}  # fmt: skip
+                "batch_norm_statistics": self.batch_norm_statistics,
+                "dropout": self.dropout, "use_bias": self.use_bias}  # fmt: skip
 
 
 @keras.saving.register_keras_serializable(package="asrkit")
@@ -184,14 +217,16 @@ class NemoConformerEncoder(CompositeLayer):
     def __init__(
         self, *, d_model: int, num_layers: int, num_heads: int, expansion: int,
         kernel_size: int, subsampling: str, subsampling_factor: int, subsampling_channels: int,
-        xscaling: bool, batch_norm_statistics: str = "running", **kwargs,
+        xscaling: bool, batch_norm_statistics: str = "running", dropout: float = 0.0,
+        use_bias: bool = True, **kwargs,
     ):  # fmt: skip
         super().__init__(**kwargs)
         self.settings = dict(
             d_model=d_model, num_layers=num_layers, num_heads=num_heads, expansion=expansion,
             kernel_size=kernel_size, subsampling=subsampling,
             subsampling_factor=subsampling_factor, subsampling_channels=subsampling_channels,
-            xscaling=xscaling, batch_norm_statistics=batch_norm_statistics,
+            xscaling=xscaling, batch_norm_statistics=batch_norm_statistics, dropout=dropout,
+            use_bias=use_bias,
         )  # fmt: skip
         self.d_model, self.xscaling = d_model, xscaling
         self.subsampling = NemoSubsampling(
@@ -205,6 +240,8 @@ class NemoConformerEncoder(CompositeLayer):
                 expansion=expansion,
                 kernel_size=kernel_size,
                 batch_norm_statistics=batch_norm_statistics,
+                dropout=dropout,
+                use_bias=use_bias,
             )
             for _ in range(num_layers)
         ]

@@ -31,11 +31,12 @@ class LSTMPredictor(CompositeLayer):
         units: int,
         num_layers: int,
         dropout: float,
+        blank_as_pad: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.vocab_size, self.embed_dim, self.units = vocab_size, embed_dim, units
-        self.num_layers, self.dropout = num_layers, dropout
+        self.num_layers, self.dropout, self.blank_as_pad = num_layers, dropout, blank_as_pad
         self.embedding = keras.layers.Embedding(vocab_size, embed_dim, name="embedding")
         self.lstms = [
             keras.layers.LSTM(units, return_sequences=True, return_state=True)
@@ -50,10 +51,16 @@ class LSTMPredictor(CompositeLayer):
     def call(self, labels, training=False):
         """labels [B, U] -> [B, U+1, units]."""
         start = tf.fill([tf.shape(labels)[0], 1], tf.constant(BLANK_ID, labels.dtype))
-        x = self.embedding(tf.concat([start, labels], axis=1))
+        x = self._embed(tf.concat([start, labels], axis=1))
         for lstm in self.lstms:
             x, _, _ = lstm(x, training=training)
             x = self.drop(x, training=training)
+        return x
+
+    def _embed(self, tokens):
+        x = self.embedding(tokens)
+        if self.blank_as_pad:  # the blank's row is a zero vector (and learns nothing)
+            x = x * tf.cast(tokens != BLANK_ID, x.dtype)[..., None]
         return x
 
     def initial_state(self, batch_size) -> list[tuple[tf.Tensor, tf.Tensor]]:
@@ -62,7 +69,7 @@ class LSTMPredictor(CompositeLayer):
 
     def step(self, tokens, state):
         """tokens [B] (the last emitted label, blank at the start) -> ([B, units], new state)."""
-        x = self.embedding(tokens)[:, None, :]
+        x = self._embed(tokens)[:, None, :]
         new_state = []
         for lstm, (h, c) in zip(self.lstms, state, strict=True):
             x, h, c = lstm(x, initial_state=[h, c])
@@ -77,6 +84,7 @@ class LSTMPredictor(CompositeLayer):
             "units": self.units,
             "num_layers": self.num_layers,
             "dropout": self.dropout,
+            "blank_as_pad": self.blank_as_pad,
         }
 
 
@@ -147,5 +155,6 @@ def build_predictor(vocab_size: int, config) -> keras.layers.Layer:
         )  # fmt: skip
     return LSTMPredictor(
         vocab_size=vocab_size, embed_dim=config.embed_dim, units=config.units,
-        num_layers=config.num_layers, dropout=config.dropout, name="predictor",
+        num_layers=config.num_layers, dropout=config.dropout,
+        blank_as_pad=config.blank_as_pad, name="predictor",
     )  # fmt: skip

@@ -48,17 +48,17 @@ def relative_shift(x: tf.Tensor) -> tf.Tensor:
 class RelPositionSelfAttention(CompositeLayer):
     """x [B, T, D], valid [B, T] bool -> [B, T, D]."""
 
-    def __init__(self, *, d_model: int, num_heads: int, **kwargs):
+    def __init__(self, *, d_model: int, num_heads: int, use_bias: bool = True, **kwargs):
         super().__init__(**kwargs)
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} must split into {num_heads} heads")
-        self.d_model, self.num_heads = d_model, num_heads
+        self.d_model, self.num_heads, self.use_bias = d_model, num_heads, use_bias
         self.head_dim = d_model // num_heads
-        self.query = keras.layers.Dense(d_model, name="query")
-        self.key = keras.layers.Dense(d_model, name="key")
-        self.value = keras.layers.Dense(d_model, name="value")
+        self.query = keras.layers.Dense(d_model, use_bias=use_bias, name="query")
+        self.key = keras.layers.Dense(d_model, use_bias=use_bias, name="key")
+        self.value = keras.layers.Dense(d_model, use_bias=use_bias, name="value")
         self.position = keras.layers.Dense(d_model, use_bias=False, name="position")
-        self.out = keras.layers.Dense(d_model, name="out")
+        self.out = keras.layers.Dense(d_model, use_bias=use_bias, name="out")
         self.pos_bias_u = self.add_weight(
             shape=(num_heads, self.head_dim), initializer="zeros", name="pos_bias_u"
         )
@@ -91,4 +91,9 @@ class RelPositionSelfAttention(CompositeLayer):
         return self.out(tf.reshape(attended, [shape[0], shape[1], self.d_model]))
 
     def get_config(self):
-        return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads}
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "use_bias": self.use_bias,
+        }

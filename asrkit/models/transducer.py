@@ -17,10 +17,20 @@ from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
 from asrkit.models.conformer import ConformerEncoder
 from asrkit.models.joint import Joint
 from asrkit.models.lstm_encoder import LSTMEncoder
+from asrkit.models.nemo_conformer import NemoConformerEncoder
 from asrkit.models.predictor import build_predictor
 
 
 def build_encoder(config: EncoderConfig):
+    if config.kind == "nemo_conformer":
+        return NemoConformerEncoder(
+            d_model=config.d_model, num_layers=config.num_blocks, num_heads=config.num_heads,
+            expansion=config.ff_expansion, kernel_size=config.kernel_size,
+            subsampling=config.subsampling, subsampling_factor=config.subsampling_factor,
+            subsampling_channels=config.subsampling_filters, xscaling=config.xscaling,
+            batch_norm_statistics="batch" if config.conv_norm == "batch" else "running",
+            dropout=config.dropout, use_bias=config.use_bias, name="encoder",
+        )  # fmt: skip
     if config.kind == "lstm":
         return LSTMEncoder(
             units=config.lstm_units, num_layers=config.lstm_layers, dropout=config.dropout,
@@ -48,7 +58,10 @@ class Transducer(keras.Model):
         self.vocab_size, self.config = int(vocab_size), config
         self.encoder = build_encoder(config.encoder)
         self.predictor = build_predictor(vocab_size, config.predictor)
-        self.joint = Joint(vocab_size=vocab_size, dim=config.joint_dim, name="joint")
+        self.joint = Joint(
+            vocab_size=vocab_size, dim=config.joint_dim, activation=config.joint_activation,
+            durations=len(config.durations), name="joint",
+        )  # fmt: skip
 
     def build(self, *args, **kwargs):
         # Made only of sub-layers, which build themselves on their first call.
@@ -104,6 +117,7 @@ def dummy_batch(num_mel_bins: int):
 
 
 def model_config_from_dict(data: dict) -> ModelConfig:
+    data = {**data, "durations": tuple(data.get("durations", ()))}
     return ModelConfig(
         encoder=EncoderConfig(**data.get("encoder", {})),
         predictor=PredictorConfig(**data.get("predictor", {})),

@@ -254,7 +254,7 @@ def plan_training(
         budget = device_capacity(device)
     tokenizer = Tokenizer.load(config.data.tokenizer)
     check_shards(config.data.train_shards, config, tokenizer)
-    index = index_shards(shard_files(config.data.train_shards))
+    index = index_shards(shard_files(config.data.train_shards), config.model.encoder)
     limit = budget if emulate and device.startswith("GPU") else None
     log(f"measuring on {device}, budget {format_bytes(budget)}, margin {margin:.0%}")
     with MemoryMeter(config, tokenizer.vocab_size, device, limit) as meter:

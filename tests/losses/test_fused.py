@@ -163,3 +163,23 @@ def test_xla_with_unknown_shapes_picks_its_chunk_at_compile_time():
     want_losses, want = _losses_and_grads(_plain, *case)
     np.testing.assert_allclose(losses.numpy(), want_losses.numpy(), rtol=1e-5)
     _assert_grads_close(got, want, rtol=1e-5)
+
+
+def test_a_relu_joint_fused_equals_joint_then_loss():
+    """NeMo's joint activation: the fused loss' hand-written gradient through ReLU equals
+    TensorFlow's autodiff of relu(e + p) @ kernel + bias followed by the loss."""
+    case = _case(seed=11)
+
+    def plain(enc, pred, kernel, bias, labels, frame_lengths, label_lengths):
+        logits = tf.matmul(tf.nn.relu(enc[:, :, None] + pred[:, None]), kernel) + bias
+        return rnnt_loss(logits, labels, frame_lengths, label_lengths)
+
+    def fused(*args):
+        return fused_joint_rnnt_loss(*args, chunk_frames=4, activation="relu")
+
+    want_losses, want = _losses_and_grads(plain, *case)
+    losses, got = _losses_and_grads(fused, *case)
+    np.testing.assert_allclose(losses.numpy(), want_losses.numpy(), rtol=1e-5)
+    _assert_grads_close(got, want, rtol=1e-5)
+    tanh_losses, _ = _losses_and_grads(fused_joint_rnnt_loss, *case)
+    assert np.max(np.abs(tanh_losses.numpy() - losses.numpy())) > 0.1  # it is another joint

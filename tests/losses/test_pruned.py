@@ -246,3 +246,23 @@ def test_the_whole_pruned_recipe_compiles_with_xla_and_matches_eager():
     compiled = tf.function(with_grads, jit_compile=True)(enc, pred, am, lm)
     for got, want in zip(tf.nest.flatten(compiled), tf.nest.flatten(eager), strict=True):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_relu_joint_band_fused_or_not_gives_the_same_loss_and_gradients():
+    enc, pred, output, labels = _joint_case(6)
+    s_begin = tf.zeros([B, T], tf.int32)
+    results = []
+    for fused in (False, True):
+        with tf.GradientTape() as tape:
+            tape.watch([enc, pred])
+            losses = pruned_loss(enc, pred, output, labels, FRAMES, LABEL_LENGTHS, s_begin,
+                                 U + 1, fused=fused, chunk_bytes=3000,
+                                 activation="relu")  # fmt: skip
+            total = tf.reduce_sum(losses)
+        results.append([losses, *tape.gradient(total, [enc, pred, *output.trainable_variables])])
+    for got, want in zip(results[1], results[0], strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-6)
+    # a band covering the lattice is the full loss of the relu joint
+    logits = output(tf.nn.relu(enc[:, :, None, :] + pred[:, None, :, :]))
+    np.testing.assert_allclose(results[1][0].numpy(), rnnt_loss(logits, labels, FRAMES,
+                               LABEL_LENGTHS).numpy(), rtol=1e-5)  # fmt: skip

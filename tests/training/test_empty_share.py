@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.config import EncoderConfig
+from asrkit.config import EncoderConfig, LossConfig
 from asrkit.models.transducer import Transducer
 from asrkit.training.task import TransducerTask
 from tests.tiny import tiny_model_config
@@ -69,6 +69,24 @@ def test_garbage_gradients_of_an_empty_share_never_reach_the_weights(mirrored, g
 
 
 def _conformer_task(conv_norm: str) -> TransducerTask:
+    """conv_norm "nemo": an imported NeMo transducer's architecture (NeMo's Conformer with
+    frozen BatchNorm, FastConformer subsampling, the blank-as-padding predictor, a ReLU
+    joint); "nemo_tdt": the same with a TDT joint and the fused TDT loss in small chunks."""
+    if conv_norm in ("nemo", "nemo_tdt"):
+        encoder = EncoderConfig(kind="nemo_conformer", d_model=16, num_blocks=1, num_heads=2,
+                                kernel_size=5, subsampling_filters=8, dropout=0.0,
+                                conv_norm="frozen_batch", subsampling="dw_striding",
+                                subsampling_factor=8)  # fmt: skip
+        base = tiny_model_config()
+        tdt = conv_norm == "nemo_tdt"
+        config = dataclasses.replace(
+            base, encoder=encoder, joint_activation="relu",
+            predictor=dataclasses.replace(base.predictor, blank_as_pad=True),
+            durations=(0, 1, 2) if tdt else (),
+        )  # fmt: skip
+        keras.utils.set_random_seed(2)
+        loss = LossConfig(kind="tdt", sigma=0.05, chunk_mb=0.01) if tdt else None
+        return TransducerTask(Transducer(9, config), loss)
     encoder = EncoderConfig(kind="conformer", d_model=16, num_blocks=1, num_heads=2,
                             kernel_size=5, subsampling_filters=8, dropout=0.0,
                             conv_norm=conv_norm, final_norm="block")  # fmt: skip
@@ -119,7 +137,7 @@ def _union_update(conv_norm, initial, batches):
     return [v.numpy() for v in task.network.weights]
 
 
-@pytest.mark.parametrize("conv_norm", ["layer", "frozen_batch"])
+@pytest.mark.parametrize("conv_norm", ["layer", "frozen_batch", "nemo", "nemo_tdt"])
 def test_a_conformer_update_with_an_empty_share_equals_the_union_batch(mirrored, conv_norm):
     """Two replicas, micro-batches of 4 and 1 utterances: replica 1's share of the second is
     empty. The update equals the union batch's; frozen BatchNorm statistics do not move."""

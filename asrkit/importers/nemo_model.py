@@ -1,0 +1,296 @@
+"""A NeMo transducer (`.nemo`) as an ordinary asrkit experiment: `asrkit import nemo`.
+
+What is read: NeMo's EncDecRNNTBPEModel (and the transducer of EncDecHybridRNNTCTCBPEModel)
+with a ConformerEncoder (`striding` x4 Conformer or `dw_striding` FastConformer, rel_pos
+attention), an RNNTDecoder (LSTM, blank as padding), an RNNTJoint (RNN-T or TDT), a
+SentencePiece tokenizer and the AudioToMelSpectrogramPreprocessor. Every setting that
+changes what the model computes is checked; one asrkit does not implement is refused with
+a line naming the config key and its value. Settings that only act in NeMo's training
+(dither, spec augment, the pre-encoder and attention dropouts) are left, and listed in the
+import's notes.
+
+The experiment is written into a fresh temporary directory beside `--exp-dir` and renamed
+into place only once everything checked out and was written: a failed import leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asrkit.config import (
+    DataConfig,
+    DecodeConfig,
+    EncoderConfig,
+    ExperimentConfig,
+    FeatureConfig,
+    LossConfig,
+    ModelConfig,
+    PredictorConfig,
+)
+from asrkit.errors import InputError
+
+SUPPORTED_MODELS = ("EncDecRNNTBPEModel", "EncDecHybridRNNTCTCBPEModel")
+_TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny
+_EPS = 1.1920928955078125e-07  # torch.finfo(torch.float32).eps
+
+
+class UnsupportedNemoModel(InputError):
+    """A NeMo model with a setting asrkit does not implement; the message names the key."""
+
+
+@dataclass(frozen=True)
+class ImportPlan:
+    """What a NeMo config becomes: the asrkit config and what was left out."""
+
+    config: ExperimentConfig
+    kind: str  # "RNN-T" or "TDT"
+    notes: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    exp_dir: Path
+    plan: ImportPlan
+    parameters: int
+    vocabulary: int  # tokens, blank not included
+    lower_case: bool
+
+
+class _Section:
+    """One section of the NeMo config, read with NeMo's defaults and checked by key."""
+
+    def __init__(self, source: str, name: str, data):
+        if not isinstance(data, dict):
+            raise UnsupportedNemoModel(f"{source}: the config has no '{name}' section")
+        self.source, self.name, self.data = source, name, data
+
+    def get(self, key: str, default=None):
+        value = self.data.get(key, default)
+        return default if value is None and default is not None else value
+
+    def refuse(self, key: str, value, supported: str):
+        raise UnsupportedNemoModel(
+            f"{self.source}: {self.name}.{key}: {value!r} is not supported (asrkit imports "
+            f"{supported})"
+        )
+
+    def require(self, key: str, default, allowed: tuple) -> object:
+        value = self.data.get(key, default)
+        if value not in allowed:
+            self.refuse(key, value, " or ".join(repr(a) for a in allowed))
+        return value
+
+    def target(self, expected: str) -> None:
+        target = str(self.data.get("_target_", ""))
+        if target.rsplit(".", 1)[-1] != expected:
+            self.refuse("_target_", target or None, expected)
+
+
+def plan_import(nemo: dict, source: str) -> ImportPlan:
+    """The asrkit config of a NeMo model config (`model_config.yaml`)."""
+    notes: list[str] = []
+    target = str(nemo.get("target", ""))
+    if target and target.rsplit(".", 1)[-1] not in SUPPORTED_MODELS:
+        raise UnsupportedNemoModel(
+            f"{source}: target: {target!r} is not supported (asrkit imports "
+            f"{' or '.join(SUPPORTED_MODELS)}: transducers with a SentencePiece tokenizer)"
+        )
+    if target.endswith("EncDecHybridRNNTCTCBPEModel") or "aux_ctc" in nemo:
+        notes.append("the hybrid model's CTC head is not imported (the transducer is)")
+    tokenizer = _Section(source, "tokenizer", nemo.get("tokenizer"))
+    tokenizer.require("type", "bpe", ("bpe",))
+    features = _features(_Section(source, "preprocessor", nemo.get("preprocessor")), notes)
+    encoder = _encoder(_Section(source, "encoder", nemo.get("encoder")), features, notes)
+    predictor = _predictor(_Section(source, "decoder", nemo.get("decoder")))
+    joint = _Section(source, "joint", nemo.get("joint"))
+    joint.target("RNNTJoint")
+    net = _Section(source, "joint.jointnet", joint.get("jointnet", {}))
+    activation = net.require("activation", "relu", ("relu", "tanh"))
+    if net.get("dropout", 0.0):
+        notes.append(f"joint.jointnet.dropout {net.get('dropout')} is not modelled (training only)")
+    durations = _durations(nemo, joint, source)
+    greedy = _Section(source, "decoding.greedy", (nemo.get("decoding") or {}).get("greedy") or {})
+    max_symbols = int(greedy.get("max_symbols", 10) or 10)
+    model = ModelConfig(
+        encoder=encoder, predictor=predictor, joint_dim=int(net.get("joint_hidden", 640)),
+        joint_activation=activation, durations=durations,
+    )  # fmt: skip
+    data = DataConfig(tokenizer="tokenizer", cmvn=None)
+    tdt = (nemo.get("loss") or {}).get("tdt_kwargs") or {}
+    loss = LossConfig(
+        kind="tdt", sigma=float(tdt.get("sigma", 0.0)), omega=float(tdt.get("omega", 0.0))
+    ) if durations else LossConfig()  # fmt: skip
+    config = ExperimentConfig(
+        model=model, loss=loss, data=data, features=features,
+        decode=DecodeConfig(max_symbols_per_step=max_symbols),
+    )  # fmt: skip
+    return ImportPlan(config, "TDT" if durations else "RNN-T", tuple(notes))
+
+
+def _features(pre: _Section, notes: list[str]) -> FeatureConfig:
+    pre.target("AudioToMelSpectrogramPreprocessor")
+    rate = int(pre.get("sample_rate", 16000))
+    win = pre.get("n_window_size") or int(pre.get("window_size", 0.02) * rate)
+    hop = pre.get("n_window_stride") or int(pre.get("window_stride", 0.01) * rate)
+    n_fft = pre.get("n_fft") or 2 ** math.ceil(math.log2(win))
+    pre.require("window", "hann", ("hann",))
+    pre.require("log", True, (True,))
+    pre.require("log_zero_guard_type", "add", ("add",))
+    pre.require("frame_splicing", 1, (1,))
+    pre.require("mag_power", 2.0, (2, 2.0))
+    pre.require("mel_norm", "slaney", ("slaney",))
+    pre.require("exact_pad", False, (False,))
+    pre.require("stft_exact_pad", False, (False,))
+    pre.require("stft_conv", False, (False,))
+    normalize = pre.require("normalize", "per_feature", ("per_feature", "NA", None))
+    guard = pre.get("log_zero_guard_value", 2**-24)
+    guard = {"tiny": _TINY, "eps": _EPS}.get(guard, guard)
+    if not isinstance(guard, int | float):
+        pre.refuse("log_zero_guard_value", guard, "a number, 'tiny' or 'eps'")
+    preemph = pre.get("preemph", 0.97)
+    if pre.get("dither", 1e-5):
+        notes.append("preprocessor.dither is not applied (NeMo adds it in training only)")
+    highfreq = pre.get("highfreq") or rate / 2
+    try:
+        return FeatureConfig(
+            kind="nemo", sample_rate=rate, num_mel_bins=int(pre.get("features", 64)),
+            frame_length=int(win), frame_step=int(hop), fft_length=int(n_fft),
+            lower_edge_hz=float(pre.get("lowfreq", 0.0) or 0.0), upper_edge_hz=float(highfreq),
+            log_floor=float(guard), preemphasis=float(preemph or 0.0),
+            normalize="per_feature" if normalize == "per_feature" else "none",
+        )  # fmt: skip
+    except ValueError as err:
+        raise UnsupportedNemoModel(f"{pre.source}: preprocessor: {err}") from None
+
+
+def _encoder(enc: _Section, features: FeatureConfig, notes: list[str]) -> EncoderConfig:
+    enc.target("ConformerEncoder")
+    enc.require("self_attention_model", "rel_pos", ("rel_pos",))
+    enc.require("untie_biases", True, (True,))
+    enc.require("conv_norm_type", "batch_norm", ("batch_norm",))
+    enc.require("causal_downsampling", False, (False,))
+    enc.require("subsampling", "striding", ("striding", "dw_striding"))
+    enc.require("feat_out", -1, (-1,))
+    enc.require("reduction", None, (None,))
+    enc.require("global_tokens", 0, (0,))
+    enc.require("conv_context_style", "regular", ("regular",))
+    context = enc.get("att_context_size")
+    if context not in (None, [-1, -1]):
+        enc.refuse("att_context_size", context, "[-1, -1] (full context)")
+    kernel = int(enc.get("conv_kernel_size", 31))
+    conv_context = enc.get("conv_context_size")
+    if conv_context not in (None, "default", [(kernel - 1) // 2, (kernel - 1) // 2]):
+        enc.refuse("conv_context_size", conv_context, "a centred kernel (null)")
+    if int(enc.get("feat_in", features.num_mel_bins)) != features.num_mel_bins:
+        enc.refuse("feat_in", enc.get("feat_in"), f"{features.num_mel_bins} (the features)")
+    d_model = int(enc.get("d_model"))
+    channels = int(enc.get("subsampling_conv_channels", -1))
+    for key in ("dropout_pre_encoder", "dropout_emb", "dropout_att", "stochastic_depth_drop_prob"):
+        if enc.get(key, 0.0):
+            notes.append(f"encoder.{key} {enc.get(key)} is not modelled (training only)")
+    try:
+        return EncoderConfig(
+            kind="nemo_conformer", d_model=d_model, num_blocks=int(enc.get("n_layers")),
+            num_heads=int(enc.get("n_heads", 4)), kernel_size=kernel,
+            conv_norm="frozen_batch", subsampling_filters=channels if channels > 0 else d_model,
+            dropout=float(enc.get("dropout", 0.1)), final_norm="none",
+            subsampling=str(enc.get("subsampling", "striding")),
+            subsampling_factor=int(enc.get("subsampling_factor", 4)),
+            ff_expansion=int(enc.get("ff_expansion_factor", 4)),
+            xscaling=bool(enc.get("xscaling", True)), use_bias=bool(enc.get("use_bias", True)),
+        )  # fmt: skip
+    except (TypeError, ValueError) as err:
+        raise UnsupportedNemoModel(f"{enc.source}: encoder: {err}") from None
+
+
+def _predictor(dec: _Section) -> PredictorConfig:
+    dec.target("RNNTDecoder")
+    dec.require("normalization_mode", None, (None,))
+    dec.require("blank_as_pad", True, (True,))
+    dec.require("random_state_sampling", False, (False,))
+    net = _Section(dec.source, "decoder.prednet", dec.get("prednet"))
+    hidden = int(net.get("pred_hidden"))
+    if net.get("rnn_hidden_size", -1) not in (-1, hidden):
+        net.refuse("rnn_hidden_size", net.get("rnn_hidden_size"), f"-1 (= pred_hidden {hidden})")
+    return PredictorConfig(
+        kind="lstm", embed_dim=hidden, units=hidden,
+        num_layers=int(net.get("pred_rnn_layers", 1)), dropout=float(net.get("dropout", 0.0)),
+        blank_as_pad=True,
+    )  # fmt: skip
+
+
+def _durations(nemo: dict, joint: _Section, source: str) -> tuple[int, ...]:
+    extra = int(joint.get("num_extra_outputs", 0) or 0)
+    loss = nemo.get("loss") or {}
+    name = loss.get("loss_name", "default")
+    if name not in ("default", "tdt", "warprnnt_numba", "pytorch"):
+        raise UnsupportedNemoModel(f"{source}: loss.loss_name: {name!r} is not supported "
+                                   "(asrkit imports RNN-T and TDT models)")  # fmt: skip
+    if not extra:
+        return ()
+    candidates = (
+        (nemo.get("model_defaults") or {}).get("tdt_durations"),
+        (loss.get("tdt_kwargs") or {}).get("durations"),
+        (nemo.get("decoding") or {}).get("durations"),
+    )
+    durations = next((list(d) for d in candidates if d), None)
+    if durations is None or len(durations) != extra:
+        raise UnsupportedNemoModel(
+            f"{source}: joint.num_extra_outputs: {extra} extra outputs without as many TDT "
+            f"durations (found {durations}); asrkit imports RNN-T and TDT joints"
+        )
+    try:
+        return ModelConfig(durations=tuple(int(d) for d in durations)).durations
+    except ValueError as err:
+        raise UnsupportedNemoModel(f"{source}: TDT durations: {err}") from None
+
+
+def import_nemo(nemo_path: str | os.PathLike, exp_dir: str | os.PathLike) -> ImportSummary:
+    """Reads, checks and converts a .nemo file into the experiment `exp_dir` (which must
+    not exist or be empty)."""
+    from asrkit.checkpoints import CheckpointManager, TrainState
+    from asrkit.config import dump_config
+    from asrkit.experiment import CONFIG_FILE, TOKENIZER_DIR, build_network
+    from asrkit.importers.nemo_archive import read_nemo
+    from asrkit.importers.nemo_tokenizer import convert_nemo_tokenizer
+    from asrkit.importers.nemo_weights import assign_nemo_transducer, check_feature_buffers
+
+    exp_dir = Path(exp_dir)
+    archive = read_nemo(nemo_path)
+    source = str(archive.path)
+    plan = plan_import(archive.config, source)
+    weights = {
+        k: v for k, v in archive.weights.items()
+        if not k.startswith(("ctc_decoder.", "preprocessor.", "spec_augmentation."))
+    }  # fmt: skip
+    check_feature_buffers(archive.weights, plan.config.features, source)
+    model_ref = (archive.config.get("tokenizer") or {}).get("model_path")
+    if not model_ref:
+        raise UnsupportedNemoModel(f"{source}: tokenizer.model_path is missing")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{exp_dir.name}.importing-", dir=exp_dir.parent))
+    try:
+        tokenizer = convert_nemo_tokenizer(
+            archive.member(model_ref), tmp / TOKENIZER_DIR, f"{source}:{model_ref}"
+        )
+        network = build_network(plan.config, tokenizer.vocab_size)
+        assign_nemo_transducer(network, weights, source)
+        (tmp / CONFIG_FILE).write_text(dump_config(plan.config))
+        CheckpointManager(tmp / "checkpoints").save(
+            network, TrainState(epoch=0, micro_batches=0, updates=0)
+        )
+        parameters = sum(int(v.numpy().size) for v in network.trainable_weights)
+        if exp_dir.exists():
+            exp_dir.rmdir()  # empty (checked before any work); a race is an OSError
+        os.replace(tmp, exp_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ImportSummary(
+        exp_dir, plan, parameters, tokenizer.vocab_size - 1, tokenizer.settings.lower_case
+    )

@@ -1,0 +1,225 @@
+"""`asrkit import nemo` against NeMo 3.0 itself: two small NeMo transducers trained for a few
+CPU minutes on the real clips (a Conformer RNN-T, striding x4, and a FastConformer TDT,
+dw_striding x8; `tools/make_nemo_fixtures.py`), with NeMo's own outputs on those clips —
+encoder frames, predictor states, joint log-probs, RNN-T losses and greedy_batch's tokens
+and frames. asrkit computes its features from the audio itself."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+
+from asrkit.audio import read_audio
+from asrkit.decoding.search import DecodeOptions, decode_batch
+from asrkit.experiment import load_experiment
+from asrkit.features import log_mel
+from asrkit.importers.nemo_model import UnsupportedNemoModel, import_nemo
+from asrkit.importers.nemo_weights import WeightMismatch
+from asrkit.losses import fused_joint_rnnt_loss
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests/data/nemo"
+META = json.loads((DATA / "models.json").read_text())
+ARRAYS = np.load(DATA / "models.npz")
+MODELS = ("rnnt", "tdt")
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """Each fixture model imported once, and NeMo's features of the clips as asrkit
+    computes them (a padded batch)."""
+    out = {}
+    for name in MODELS:
+        exp = tmp_path_factory.mktemp(name) / "exp"
+        summary = import_nemo(DATA / f"{name}.nemo", exp)
+        experiment = load_experiment(exp)
+        feats = [
+            log_mel(read_audio(ROOT / clip, 16000), experiment.config.features).numpy()
+            for clip in META["clips"]
+        ]
+        lengths = np.array([len(f) for f in feats], np.int32)
+        batch = np.zeros((len(feats), lengths.max(), feats[0].shape[1]), np.float32)
+        for i, f in enumerate(feats):
+            batch[i, : len(f)] = f
+        out[name] = (summary, experiment, batch, lengths)
+    return out
+
+
+def _asrkit_labels(name):
+    targets, lengths = ARRAYS[f"{name}/targets"], ARRAYS[f"{name}/target_lengths"]
+    valid = np.arange(targets.shape[1])[None] < lengths[:, None]
+    return np.where(valid, targets + 1, 0).astype(np.int32), lengths.astype(np.int32)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_imported_network_computes_what_nemo_computes(imported, name):
+    _, experiment, batch, lengths = imported[name]
+    net = experiment.network
+    encoded, encoded_lengths = net.encode(batch, lengths)
+    want = ARRAYS[f"{name}/encoded"].transpose(0, 2, 1)  # NeMo: [B, D, T]
+    want_lengths = ARRAYS[f"{name}/encoded_lengths"]
+    np.testing.assert_array_equal(encoded_lengths.numpy(), want_lengths)
+    for row, n in enumerate(want_lengths):  # from the waveform: features, then encoder
+        np.testing.assert_allclose(encoded.numpy()[row, :n], want[row, :n], atol=1e-4)
+    labels, label_lengths = _asrkit_labels(name)
+    predicted = net.predict_labels(tf.constant(labels)).numpy()
+    want_pred = ARRAYS[f"{name}/predicted"].transpose(0, 2, 1)
+    for row, u in enumerate(label_lengths):
+        np.testing.assert_allclose(predicted[row, : u + 1], want_pred[row, : u + 1], atol=1e-5)
+    # The joint at NeMo's sampled (b, t, u) cells: NeMo's CPU joint log-softmaxes its whole
+    # output (tokens, blank last, then TDT durations); asrkit's blank is first.
+    at = ARRAYS[f"{name}/joint_at"]
+    enc_at = tf.gather_nd(encoded, at[:, :2])
+    pred_at = tf.gather_nd(predicted, at[:, [0, 2]])
+    logits = net.joint(enc_at, pred_at).numpy()
+    mine = [logits[:, 1:], logits[:, :1]]
+    if net.joint.durations:
+        mine.append(net.joint.duration_logits(enc_at, pred_at).numpy())
+    mine = tf.nn.log_softmax(np.concatenate(mine, axis=1)).numpy()
+    np.testing.assert_allclose(mine, ARRAYS[f"{name}/joint"], atol=2e-4)
+
+
+def test_the_fused_relu_loss_of_the_imported_model_is_nemos_rnnt_loss(imported):
+    _, experiment, batch, lengths = imported["rnnt"]
+    net = experiment.network
+    encoded, encoded_lengths = net.encode(batch, lengths)
+    labels, label_lengths = _asrkit_labels("rnnt")
+    enc_h, pred_h = net.joint.project(encoded, net.predict_labels(tf.constant(labels)))
+    out = net.joint.output_layer
+    losses = fused_joint_rnnt_loss(
+        enc_h, pred_h, out.kernel, out.bias, labels, encoded_lengths, label_lengths,
+        activation="relu",
+    )  # fmt: skip
+    np.testing.assert_allclose(losses.numpy(), ARRAYS["rnnt/rnnt_losses"], rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_greedy_search_finds_nemos_tokens_at_nemos_frames(imported, name):
+    _, experiment, batch, lengths = imported[name]
+    options = DecodeOptions(max_symbols_per_step=experiment.config.decode.max_symbols_per_step)
+    hyps = decode_batch(experiment.network, batch, lengths, experiment.tokenizer, options)
+    emitted = 0
+    for row, hyp in enumerate(hyps):
+        assert [t - 1 for t in hyp.tokens] == META[name]["greedy"][row]  # asrkit id = NeMo + 1
+        assert hyp.frames == META[name]["frames"][row]
+        assert hyp.text == " ".join(META[name]["text"][row].upper().split())
+        emitted += len(hyp.tokens)
+    assert emitted > 20  # the fixture models are trained: they emit
+
+
+def test_the_tokenizer_gives_nemos_ids_plus_one(imported):
+    summary, experiment, _, _ = imported["rnnt"]
+    labels, lengths = _asrkit_labels("rnnt")
+    for row, line in enumerate(META["lines"]):
+        assert experiment.tokenizer.encode(line.upper()) == labels[row, : lengths[row]].tolist()
+    assert summary.lower_case and experiment.tokenizer.vocab_size == summary.vocabulary + 1
+
+
+def test_the_experiment_states_the_model_the_features_and_the_search(imported):
+    summary, experiment, _, _ = imported["tdt"]
+    config = experiment.config
+    assert summary.plan.kind == "TDT" and config.model.durations == (0, 1, 2, 3, 4)
+    encoder = config.model.encoder
+    assert (encoder.kind, encoder.subsampling, encoder.subsampling_factor) == (
+        "nemo_conformer", "dw_striding", 8,
+    )  # fmt: skip
+    assert config.features.kind == "nemo" and config.features.normalize == "per_feature"
+    assert config.decode.max_symbols_per_step == 5  # NeMo's decoding.greedy.max_symbols
+    assert config.data.cmvn is None and encoder.conv_norm == "frozen_batch"
+
+
+def _rewrite(source: Path, target: Path, edit=None, drop: str | None = None) -> Path:
+    """A copy of a .nemo archive with its config edited or a member left out."""
+    with tarfile.open(source) as archive:
+        members = [(m, archive.extractfile(m).read() if m.isfile() else None)
+                   for m in archive.getmembers()]  # fmt: skip
+    with tarfile.open(target, "w") as out:
+        for info, body in members:
+            if drop and info.name.endswith(drop):
+                continue
+            if info.name.endswith("model_config.yaml") and edit is not None:
+                config = yaml.safe_load(body)
+                edit(config)
+                body = yaml.safe_dump(config).encode()
+                info.size = len(body)
+            out.addfile(info, io.BytesIO(body) if body is not None else None)
+    return target
+
+
+def _set(path: str, value):
+    def edit(config):
+        node = config
+        *parents, key = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[key] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("encoder.self_attention_model", "abs_pos"),
+        ("encoder.att_context_size", [64, 0]),
+        ("encoder.conv_norm_type", "layer_norm"),
+        ("encoder.subsampling", "vggnet"),
+        ("encoder._target_", "nemo.collections.asr.modules.SqueezeformerEncoder"),
+        ("joint.jointnet.activation", "sigmoid"),
+        ("tokenizer.type", "wpe"),
+        ("preprocessor.window", "hamming"),
+        ("preprocessor.normalize", "all_features"),
+        ("decoder.prednet.rnn_hidden_size", 48),
+        ("target", "nemo.collections.asr.models.EncDecCTCModelBPE"),
+    ],
+)
+def test_an_unsupported_setting_is_refused_by_key_and_value_leaving_nothing(tmp_path, key, value):
+    model = _rewrite(DATA / "rnnt.nemo", tmp_path / "edited.nemo", _set(key, value))
+    exp = tmp_path / "exp"
+    with pytest.raises(UnsupportedNemoModel) as error:
+        import_nemo(model, exp)
+    assert key in str(error.value) and repr(value) in str(error.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edited.nemo"]
+
+
+def test_weights_that_do_not_fit_the_config_are_refused_leaving_nothing(tmp_path):
+    model = _rewrite(DATA / "rnnt.nemo", tmp_path / "edited.nemo", _set("encoder.d_model", 48))
+    with pytest.raises(WeightMismatch, match=r"edited\.nemo: encoder\.pre_encode\.out\.weight"):
+        import_nemo(model, tmp_path / "exp")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edited.nemo"]
+
+
+def test_an_archive_without_its_tokenizer_is_refused_by_member(tmp_path):
+    model = _rewrite(DATA / "rnnt.nemo", tmp_path / "edited.nemo", drop="_tokenizer.model")
+    with pytest.raises(Exception, match=r"tokenizer\.model, not in the archive"):
+        import_nemo(model, tmp_path / "exp")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edited.nemo"]
+
+
+def test_the_command_imports_and_the_moved_experiment_transcribes_as_nemo(
+    tmp_path, monkeypatch, capsys
+):
+    from asrkit.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["import", "nemo", str(DATA / "tdt.nemo"), "--exp-dir", "imported"]) == 0
+    said = capsys.readouterr().out
+    assert "FastConformer-TDT" in said and "48 SentencePiece pieces + blank" in said
+    assert main(["import", "nemo", str(DATA / "tdt.nemo"), "--exp-dir", "imported"]) == 2
+    assert "not an empty directory" in capsys.readouterr().err
+    assert main(["import", "nemo", "missing.nemo", "--exp-dir", "other"]) == 2
+    assert "missing.nemo: no such .nemo file" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
+    (tmp_path / "imported").rename(tmp_path / "moved")
+    clips = [str(ROOT / clip) for clip in META["clips"]]
+    assert main(["transcribe", "--exp-dir", "moved", *clips]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    texts = [line.split("\t", 1)[1] if "\t" in line else "" for line in lines]
+    assert texts == [" ".join(t.upper().split()) for t in META["tdt"]["text"]]
