@@ -21,11 +21,13 @@ from asrkit.losses import (
     ctc_losses,
     fused_joint_rnnt_loss,
     fused_simple_loss,
+    fused_tdt_loss,
     loss_scales,
     prune_ranges,
     pruned_loss,
     rnnt_loss,
     simple_loss,
+    tdt_loss,
 )
 from asrkit.models.conformer import dynamic_chunk_frames
 from asrkit.models.joint import SimpleJoiner
@@ -131,7 +133,7 @@ def full_losses(task, encoded, predicted, labels, encoder_lengths, label_lengths
         return fused_joint_rnnt_loss(
             enc_h, pred_h, out.kernel, out.bias, labels, encoder_lengths, label_lengths,
             blank=BLANK_ID, chunk_bytes=int(loss.chunk_mb * 2**20),
-            delay_penalty=loss.delay_penalty,
+            delay_penalty=loss.delay_penalty, activation=joint.activation,
         )  # fmt: skip
     return rnnt_loss(
         joint(encoded, predicted), labels, encoder_lengths, label_lengths, blank=BLANK_ID,
@@ -161,12 +163,49 @@ def pruned_losses(task, encoded, predicted, labels, encoder_lengths, label_lengt
     pruned = pruned_loss(
         enc_h, pred_h, joint.output_layer, labels, encoder_lengths, label_lengths,
         s_begin, config.prune_range, BLANK_ID, fused=config.fused, chunk_bytes=chunk_bytes,
+        activation=joint.activation,
     )  # fmt: skip
     updates = task.updates(default=config.warmup_updates)
     simple_weight, pruned_weight = loss_scales(updates, config.warmup_updates, config.simple_scale)
     return simple_weight * simple + pruned_weight * pruned
 
 
+def tdt_losses(task, encoded, predicted, labels, encoder_lengths, label_lengths):
+    """The TDT loss of a joint with duration outputs (`model.durations`), fused with the
+    joint chunk by chunk (`loss.fused`) or from its whole logits. With `loss.omega`, the
+    RNN-T loss of the token logits instead with that probability, as NeMo trains; drawn
+    once per optimizer update (from the update count), so every micro-batch of a window
+    takes the same loss and accumulation stays exact."""
+    joint, config = task.network.joint, task.loss_config
+    durations = task.network.config.durations
+
+    def tdt():
+        if config.fused:
+            enc_h, pred_h = joint.project(encoded, predicted)
+            out, dur = joint.output_layer, joint.duration_layer
+            return fused_tdt_loss(
+                enc_h, pred_h, out.kernel, out.bias, dur.kernel, dur.bias, labels,
+                encoder_lengths, label_lengths, durations, BLANK_ID, config.sigma,
+                int(config.chunk_mb * 2**20), joint.activation,
+            )  # fmt: skip
+        return tdt_loss(
+            joint(encoded, predicted), joint.duration_logits(encoded, predicted), labels,
+            encoder_lengths, label_lengths, durations, BLANK_ID, config.sigma,
+        )  # fmt: skip
+
+    if config.omega <= 0:
+        return tdt()
+    if config.omega >= 1:
+        return full_losses(task, encoded, predicted, labels, encoder_lengths, label_lengths)
+    seed = tf.stack([tf.cast(task.updates(), tf.int32), 7919])
+    draw = tf.random.stateless_uniform([], seed)
+    return tf.cond(
+        draw < config.omega,
+        lambda: full_losses(task, encoded, predicted, labels, encoder_lengths, label_lengths),
+        tdt,
+    )
+
+
 # loss.kind -> the per-utterance transducer loss (before the auxiliary CTC loss). A new
 # kind is a function here (and its heads in LossHeads), composed from asrkit.losses.
-TRANSDUCER_LOSSES = {"full": full_losses, "pruned": pruned_losses}
+TRANSDUCER_LOSSES = {"full": full_losses, "pruned": pruned_losses, "tdt": tdt_losses}

@@ -485,6 +485,14 @@ def test_verify_accumulation_passes_with_the_pruned_loss(workdir):
     assert report.passed and report.max_relative_difference < 1e-5
 
 
+def test_verify_accumulation_passes_with_the_tdt_loss(workdir):
+    """A TDT joint trained with the fused TDT loss and omega sampling (one draw per update:
+    every micro-batch of a window takes the same loss)."""
+    report = _verify(workdir, "model.durations=[0, 1, 2]", "loss.kind=tdt", "loss.sigma=0.05",
+                     "loss.omega=0.5")  # fmt: skip
+    assert report.passed and report.max_relative_difference < 1e-5
+
+
 def test_verify_accumulation_passes_with_a_delay_penalty(workdir):
     """The penalty is centred on each utterance's own frames, so micro-batches padded to
     different lengths still make their union's update."""

@@ -1,0 +1,273 @@
+"""The TDT (token-and-duration transducer) loss: Xu et al. 2023, "Efficient Sequence
+Transduction by Jointly Predicting Tokens and Durations" (arXiv 2304.06795), as NeMo
+defines it.
+
+The joint gives, at lattice cell (t, u), token logits (blank included) and logits over the
+`durations` d_1 .. d_D. An emission at (t, u) with duration d moves to frame t + d: a
+blank (d > 0 only) to (t + d, u), the next label to (t + d, u + 1) (d = 0: another label
+at the same frame). With token log-probs less `sigma` (logit under-normalisation) and
+duration log-probs,
+
+    alpha(0, 0) = 0
+    alpha(t, u) = logsumexp over d of
+                    alpha(t - d, u) + blank(t - d, u) + dur_d(t - d, u)             [d > 0]
+                    alpha(t - d, u - 1) + label(t - d, u - 1) + dur_d(t - d, u - 1)
+    log P(y|x)  = logsumexp over d > 0 of
+                    alpha(T - d, U) + blank(T - d, U) + dur_d(T - d, U)
+
+so every path ends with a blank landing exactly on frame T. The recursion runs frame by
+frame; within a frame the duration-0 label arcs form a linear recurrence along u, solved
+in one cumulative log-sum-exp. Its gradient is TensorFlow's own (the lattice holds no V
+axis: [B, T, U+1] and [B, T, U+1, D]).
+
+The joint's widest tensors are never held whole: `tdt_cell_log_probs` evaluates the joint
+one chunk of frames at a time and keeps, per cell, only the blank and next-label log-probs
+and the D duration log-probs; its backward pass recomputes each chunk (as the fused RNN-T
+loss does). An utterance no duration sequence can align (e.g. only even durations and an
+odd frame count) has loss +inf.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+
+from asrkit.losses.cells import ACTIVATIONS, cells_gradient, cells_matmul, joint_cells, picked
+from asrkit.losses.chunks import (
+    DEFAULT_CHUNK_BYTES,
+    chunk_loop,
+    in_chunks,
+    joint_chunk_frames,
+    static_or_dynamic,
+    stitch,
+)
+from asrkit.losses.lattice import LOG_ZERO, log_add, next_labels
+
+DEFAULT_DURATIONS = (0, 1, 2, 3, 4)
+_MASKED = -1.0e4  # log-prob of cells outside an utterance: finite, so sums stay finite
+
+
+def tdt_log_prob(log_blank, log_label, log_durations, logit_lengths, label_lengths, durations):
+    """log P(y|x) [B] from per-cell log-probs: log_blank, log_label [B, T, U+1] (the
+    blank's and the next label's, sigma already subtracted) and log_durations [B, T, U+1,
+    D]. Impossible utterances give about LOG_ZERO."""
+    durations = [int(d) for d in durations]
+    log_blank = tf.cast(log_blank, tf.float32)
+    log_label = tf.cast(log_label, tf.float32)
+    log_durations = tf.cast(log_durations, tf.float32)
+    logit_lengths = tf.cast(logit_lengths, tf.int32)
+    label_lengths = tf.cast(label_lengths, tf.int32)
+    shape = tf.shape(log_blank)
+    batch, frames, u1 = shape[0], shape[1], shape[2]
+    valid = (tf.range(frames)[None, :, None] < logit_lengths[:, None, None]) & (
+        tf.range(u1)[None, None, :] <= label_lengths[:, None, None]
+    )
+    labels_ok = valid & (tf.range(u1)[None, None, :] < label_lengths[:, None, None])
+    blank_t = tf.transpose(tf.where(valid, log_blank, _MASKED), [1, 0, 2])  # [T, B, U+1]
+    label_t = tf.transpose(tf.where(labels_ok, log_label, _MASKED), [1, 0, 2])
+    dur_t = tf.transpose(tf.where(valid[..., None], log_durations, _MASKED), [1, 0, 2, 3])
+    alpha = _alphas(blank_t, label_t, dur_t, tuple(durations))  # [T, B, U+1]
+    rows = tf.range(batch)
+    final = tf.fill([batch], LOG_ZERO)
+    for k, d in enumerate(durations):
+        if d == 0:
+            continue
+        s = logit_lengths - d
+        at = tf.stack([tf.maximum(s, 0), rows, label_lengths], axis=1)
+        term = (tf.gather_nd(alpha, at) + tf.gather_nd(blank_t, at)
+                + tf.gather_nd(dur_t[..., k], at))  # fmt: skip
+        final = tf.where(s >= 0, log_add(final, term), final)
+    return final
+
+
+# A graph function even for eager callers: a TensorArray in an eager while loop fails in
+# TensorFlow 2.21 (see asrkit.losses.fused). Differentiable: its gradient is TensorFlow's.
+@functools.partial(tf.function, reduce_retracing=True)
+def _alphas(blank_t, label_t, dur_t, durations):
+    """alpha [T, B, U+1] of the time-major per-cell log-probs."""
+    shape = tf.shape(blank_t)
+    frames, batch, u1 = shape[0], shape[1], shape[2]
+    start = tf.concat([tf.zeros([batch, 1]), tf.fill([batch, u1 - 1], LOG_ZERO)], axis=1)
+
+    def shift_up(x):  # position u receives from u - 1 (no Fill of a run-time shape: XLA)
+        return tf.concat([tf.zeros_like(x[:, :1]) + LOG_ZERO, x[:, :-1]], axis=1)
+
+    longest = max(durations)
+
+    def step(t, recent, alphas):  # recent[j] = alpha(t - 1 - j), LOG_ZERO before frame 0
+        arrived = tf.zeros_like(recent[0]) + LOG_ZERO
+        for k, d in enumerate(durations):
+            if d == 0:
+                continue
+            s = tf.maximum(t - d, 0)
+            a = recent[d - 1]
+            blank_arc = a + blank_t[s] + dur_t[s][..., k]
+            label_arc = shift_up(a + label_t[s] + dur_t[s][..., k])
+            arrived = log_add(arrived, log_add(blank_arc, label_arc))
+        arrived = tf.where(t == 0, start, tf.maximum(arrived, LOG_ZERO))
+        if 0 in durations:  # labels emitted at frame t itself: alpha(t, u) <- alpha(t, u - 1)
+            weight = label_t[t] + dur_t[t][..., durations.index(0)]  # [B, U+1]
+            offset = tf.concat([tf.zeros_like(weight[:, :1]), tf.cumsum(weight[:, :-1], axis=1)], 1)
+            arrived = offset + tf.math.cumulative_logsumexp(arrived - offset, axis=1)
+        arrived = tf.maximum(arrived, LOG_ZERO)
+        recent = tf.concat([arrived[None], recent[:-1]], axis=0)
+        return t + 1, recent, alphas.write(t, arrived)
+
+    recent = tf.fill(tf.stack([longest, batch, u1]), LOG_ZERO)
+    alphas = tf.TensorArray(tf.float32, size=frames, element_shape=tf.TensorShape([None, None]))
+    _, _, alphas = tf.while_loop(lambda t, *_: t < frames, step, [tf.constant(0), recent, alphas])
+    return alphas.stack()
+
+
+def _losses(log_prob):
+    """-log P, +inf where no alignment exists."""
+    return tf.where(log_prob < LOG_ZERO / 2, float("inf"), -log_prob)
+
+
+def tdt_loss(
+    token_logits, duration_logits, labels, logit_lengths, label_lengths,
+    durations=DEFAULT_DURATIONS, blank: int = 0, sigma: float = 0.0,
+):  # fmt: skip
+    """Per-utterance TDT loss [B] from whole logits: token_logits [B, T, U+1, V],
+    duration_logits [B, T, U+1, D] (the reference path; `fused_tdt_loss` never holds them)."""
+    labels = tf.cast(labels, tf.int32)
+    u1 = tf.shape(token_logits)[2]
+    log_probs = tf.nn.log_softmax(tf.cast(token_logits, tf.float32), axis=-1)
+    next_label = next_labels(labels, tf.cast(label_lengths, tf.int32), u1)  # [B, U+1]
+    index = tf.broadcast_to(next_label[:, None, :], tf.shape(log_probs)[:3])
+    log_label = tf.gather(log_probs, index, batch_dims=3)
+    log_durations = tf.nn.log_softmax(tf.cast(duration_logits, tf.float32), axis=-1)
+    log_prob = tdt_log_prob(
+        log_probs[..., blank] - sigma, log_label - sigma, log_durations, logit_lengths,
+        label_lengths, durations,
+    )  # fmt: skip
+    return _losses(log_prob)
+
+
+def fused_tdt_loss(
+    encoder_hidden, predictor_hidden, kernel, bias, duration_kernel, duration_bias, labels,
+    logit_lengths, label_lengths, durations=DEFAULT_DURATIONS, blank: int = 0,
+    sigma: float = 0.0, chunk_bytes: int = DEFAULT_CHUNK_BYTES, activation: str = "tanh",
+):  # fmt: skip
+    """Per-utterance TDT loss [B] of the joint `act(e + p)` -> (kernel, bias) token logits
+    and (duration_kernel, duration_bias) duration logits, chunk by chunk."""
+    log_blank, log_label, log_durations = tdt_cell_log_probs(
+        encoder_hidden, predictor_hidden, kernel, bias, duration_kernel, duration_bias, labels,
+        label_lengths, blank, chunk_bytes, activation,
+    )  # fmt: skip
+    log_prob = tdt_log_prob(
+        log_blank - sigma, log_label - sigma, log_durations, logit_lengths, label_lengths,
+        durations,
+    )  # fmt: skip
+    return _losses(log_prob)
+
+
+def tdt_cell_log_probs(
+    encoder_hidden, predictor_hidden, kernel, bias, duration_kernel, duration_bias, labels,
+    label_lengths, blank: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    activation: str = "tanh",
+):  # fmt: skip
+    """(log_blank, log_label [B, T, U+1], log_durations [B, T, U+1, D]) float32 of the
+    joint on encoder_hidden [B, T, H] and predictor_hidden [B, U+1, H], one chunk of frames
+    at a time; the backward pass recomputes each chunk."""
+    dtype = encoder_hidden.dtype
+    kernel, bias = tf.cast(kernel, dtype), tf.cast(bias, dtype)
+    duration_kernel, duration_bias = tf.cast(duration_kernel, dtype), tf.cast(duration_bias, dtype)
+    u1 = tf.shape(predictor_hidden)[1]
+    next_label = next_labels(tf.cast(labels, tf.int32), tf.cast(label_lengths, tf.int32), u1)
+    width = static_or_dynamic(kernel, 1) + static_or_dynamic(duration_kernel, 1)
+    chunk = joint_chunk_frames(
+        encoder_hidden, static_or_dynamic(predictor_hidden, 1), static_or_dynamic(kernel, 0),
+        width, chunk_bytes,
+    )  # fmt: skip
+    blank = int(blank)
+
+    @tf.custom_gradient
+    def core(enc, pred, kernel, bias, dkernel, dbias):
+        enc, pred = tf.stop_gradient(enc), tf.stop_gradient(pred)
+        weights = [tf.stop_gradient(w) for w in (kernel, bias, dkernel, dbias)]
+        frames = tf.shape(enc)[1]
+        enc_c, chunks = in_chunks(enc, chunk)
+        lse, log_blank, log_label, log_dur = _forward(
+            enc_c, pred, *weights, next_label, blank, chunks, frames, activation
+        )
+
+        def grad(g_blank, g_label, g_dur):
+            g = [in_chunks(tf.cast(x, tf.float32), chunk)[0] for x in (g_blank, g_label, g_dur)]
+            lse_c, _ = in_chunks(lse, chunk)
+            d_enc, *rest = _backward(
+                enc_c, pred, *weights, next_label, blank, chunks, frames, activation, lse_c, *g
+            )
+            return (tf.cast(d_enc, enc.dtype), *(tf.cast(d, w.dtype) for d, w in
+                    zip(rest, (pred, kernel, bias, dkernel, dbias), strict=True)))  # fmt: skip
+
+        return (log_blank, log_label, log_dur), grad
+
+    return core(encoder_hidden, predictor_hidden, kernel, bias, duration_kernel, duration_bias)
+
+
+def _chunk(enc_c, pred, kernel, bias, dkernel, dbias, i, activation):
+    """Chunk i: hidden [B, C, U+1, H], float32 token logits [B, C, U+1, V] and duration
+    logits [B, C, U+1, D]."""
+    enc = tf.gather(enc_c, i, axis=1)
+    hidden, logits = joint_cells(enc[:, :, None, :] + pred[:, None, :, :], kernel, bias, activation)
+    duration_logits = tf.cast(cells_matmul(hidden, dkernel) + dbias, tf.float32)
+    return hidden, logits, duration_logits
+
+
+# Graph functions even for eager callers (see asrkit.losses.fused).
+@functools.partial(tf.function, reduce_retracing=True)
+def _forward(enc_c, pred, kernel, bias, dkernel, dbias, next_label, blank, chunks, frames,
+             activation):  # fmt: skip
+    def body(i, lse_acc, blank_acc, label_acc, dur_acc):
+        _, logits, duration_logits = _chunk(enc_c, pred, kernel, bias, dkernel, dbias, i,
+                                            activation)  # fmt: skip
+        index = tf.broadcast_to(next_label[:, None, :], tf.shape(logits)[:3])
+        lse, picked_blank, picked_label = picked(logits, index, blank)
+        return (i + 1, lse_acc.write(i, lse), blank_acc.write(i, picked_blank),
+                label_acc.write(i, picked_label),
+                dur_acc.write(i, tf.nn.log_softmax(duration_logits, axis=-1)))  # fmt: skip
+
+    arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(4)]
+    _, *arrays = chunk_loop(chunks, body, [tf.constant(0), *arrays])
+    return tuple(stitch(a, frames) for a in arrays)
+
+
+@functools.partial(tf.function, reduce_retracing=True)
+def _backward(enc_c, pred, kernel, bias, dkernel, dbias, next_label, blank, chunks, frames,
+              activation, lse_c, g_blank_c, g_label_c, g_dur_c):  # fmt: skip
+    labels = next_label[:, None, :]  # [B, 1, U+1]
+    derivative = ACTIVATIONS[activation][1]
+
+    def body(i, d_enc, d_pred, d_kernel, d_bias, d_dkernel, d_dbias):
+        hidden, logits, duration_logits = _chunk(enc_c, pred, kernel, bias, dkernel, dbias, i,
+                                                 activation)  # fmt: skip
+        # The upstream gradients are minus the posteriors `cells_gradient` expects.
+        d_pre, chunk_kernel, chunk_bias = cells_gradient(
+            hidden, logits, tf.gather(lse_c, i, axis=1), -tf.gather(g_blank_c, i, axis=1),
+            -tf.gather(g_label_c, i, axis=1), blank, labels, kernel, activation,
+        )  # fmt: skip
+        g_dur = tf.gather(g_dur_c, i, axis=1)  # [B, C, U+1, D]
+        softmax = tf.nn.softmax(duration_logits, axis=-1)
+        d_dur = g_dur - softmax * tf.reduce_sum(g_dur, axis=-1, keepdims=True)
+        hidden32 = tf.cast(hidden, tf.float32)
+        d_pre += cells_matmul(d_dur, tf.cast(dkernel, tf.float32), transpose_w=True) * derivative(
+            hidden32
+        )
+        flat_hidden = tf.reshape(hidden32, [-1, tf.shape(hidden32)[3]])
+        flat_d_dur = tf.reshape(d_dur, [-1, tf.shape(d_dur)[3]])
+        d_dkernel += tf.matmul(flat_hidden, flat_d_dur, transpose_a=True)
+        d_dbias += tf.reduce_sum(flat_d_dur, axis=0)
+        d_enc = d_enc.write(i, tf.reduce_sum(d_pre, axis=2))
+        d_pred = tf.ensure_shape(d_pred + tf.reduce_sum(d_pre, axis=1), pred.shape)
+        return (i + 1, d_enc, d_pred, d_kernel + chunk_kernel, d_bias + chunk_bias, d_dkernel,
+                d_dbias)  # fmt: skip
+
+    init = [
+        tf.constant(0), tf.TensorArray(tf.float32, size=chunks), tf.zeros(tf.shape(pred)),
+        tf.zeros(tf.shape(kernel)), tf.zeros(tf.shape(bias)), tf.zeros(tf.shape(dkernel)),
+        tf.zeros(tf.shape(dbias)),
+    ]  # fmt: skip
+    _, d_enc, *rest = chunk_loop(chunks, body, init)
+    return (stitch(d_enc, frames), *rest)
