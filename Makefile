@@ -22,8 +22,9 @@ SET ?=
 demo: $(VENV)/.installed
 	ASRKIT=$(abspath $(BIN))/asrkit bash recipes/mini/run.sh --work exp/mini --seed $(SEED) $(foreach kv,$(SET),--set $(kv))
 
+# Two worker processes, each test file in one of them (its module fixtures built once).
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

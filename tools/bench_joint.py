@@ -1,5 +1,6 @@
 """Benchmark the lean training step: plain joint + loss, fused, fused + recomputed encoder
-blocks, and the pruned RNN-T loss (band fused or not, with or without recomputation).
+blocks, the pruned RNN-T loss (band fused or not, with or without recomputation) and the
+fused TDT loss.
 
 For the Conformer-S shape (`recipes/librispeech/conf/conformer_s.yaml`), one micro-batch of
 B utterances x S seconds with U labels, and each vocabulary size: the extra peak tensor
@@ -14,7 +15,7 @@ loss: no predictor, joint or transducer loss), a second table gives each mode's 
 loss part: its memory and time minus the encoder's, and the ratios fused / pruned.
 
     python tools/bench_joint.py [--batch 2] [--seconds 20] [--labels 80] [--vocab 64,1024,5000]
-        [--modes encoder,plain,fused,fused+recompute,pruned,pruned-plain,pruned+recompute]
+        [--modes encoder,plain,fused,fused+recompute,pruned,pruned-plain,pruned+recompute,tdt]
         [--config conf.yaml] [--set loss.chunk_mb=16 ...]
 """
 
@@ -38,6 +39,8 @@ MODES = {
     "pruned-plain": {"loss.kind": "pruned", "loss.fused": False},
     "encoder": {},
     "pruned+recompute": {"loss.kind": "pruned", "model.encoder.recompute": True},
+    # the TDT loss (fused) of the same network with a TDT joint of NeMo's durations
+    "tdt": {"loss.kind": "tdt", "model.durations": "[0,1,2,3,4]", "loss.sigma": 0.05},
 }
 
 
