@@ -167,6 +167,12 @@ def config_cautions(config: ExperimentConfig) -> list[str]:
             "WER 74.8 % against 8.3 % with the full loss); pair it with "
             "model.predictor.kind=stateless, as icefall does"
         )
+    if config.model.durations and 1 not in config.model.durations:
+        cautions.append(
+            f"model.durations {list(config.model.durations)} has no 1: an utterance whose "
+            "encoder frames no sum of those durations makes has an infinite TDT loss, and its "
+            "whole window is skipped; include 1 (NeMo uses [0, 1, 2, 3, 4])"
+        )
     return cautions
 
 

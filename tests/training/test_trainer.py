@@ -478,6 +478,9 @@ def test_the_pruned_loss_with_an_lstm_predictor_is_cautioned_against():
     assert any("stateless" in c for c in config_cautions(load_config(None, pruned)))
     stateless = load_config(None, [*pruned, "model.predictor.kind=stateless"])
     assert config_cautions(stateless) == [] and config_cautions(load_config(None)) == []
+    tdt = ["loss.kind=tdt", "model.durations=[0, 2, 4]"]
+    assert any("has no 1" in c for c in config_cautions(load_config(None, tdt)))
+    assert config_cautions(load_config(None, [tdt[0], "model.durations=[0, 1, 2]"])) == []
 
 
 def test_verify_accumulation_passes_with_the_pruned_loss(workdir):
