@@ -21,6 +21,9 @@ DATA = ROOT / "tests/data/nemo"
 
 
 def main() -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     import numpy as np
     import tensorflow as tf
 

@@ -51,8 +51,14 @@ def read_nemo(path: str | os.PathLike) -> NemoArchive:
     try:
         with tarfile.open(path, "r:*") as archive:
             members = _read_members(archive, path)
+    except tarfile.ReadError:
+        raise NemoArchiveError(
+            f"{path}: not a .nemo archive (a .nemo file is a tar archive; this is none, or a "
+            "damaged one)"
+        ) from None
     except (tarfile.TarError, EOFError, OSError) as err:
-        raise NemoArchiveError(f"{path}: not a readable .nemo archive ({err})") from None
+        reason = " ".join(str(err).split())
+        raise NemoArchiveError(f"{path}: not a readable .nemo archive ({reason})") from None
     for required in (CONFIG_MEMBER, WEIGHTS_MEMBER):
         if required not in members:
             raise NemoArchiveError(f"{path}: no {required} in the archive (not a NeMo model?)")

@@ -254,17 +254,19 @@ def _durations(nemo: dict, joint: _Section, source: str) -> tuple[int, ...]:
 def import_nemo(nemo_path: str | os.PathLike, exp_dir: str | os.PathLike) -> ImportSummary:
     """Reads, checks and converts a .nemo file into the experiment `exp_dir` (which must
     not exist or be empty)."""
-    from asrkit.checkpoints import CheckpointManager, TrainState
-    from asrkit.config import dump_config
-    from asrkit.experiment import CONFIG_FILE, TOKENIZER_DIR, build_network
     from asrkit.importers.nemo_archive import read_nemo
-    from asrkit.importers.nemo_tokenizer import convert_nemo_tokenizer
-    from asrkit.importers.nemo_weights import assign_nemo_transducer, check_feature_buffers
 
     exp_dir = Path(exp_dir)
     archive = read_nemo(nemo_path)
     source = str(archive.path)
     plan = plan_import(archive.config, source)
+    # TensorFlow only once the archive and its config checked out.
+    from asrkit.checkpoints import CheckpointManager, TrainState
+    from asrkit.config import dump_config
+    from asrkit.experiment import CONFIG_FILE, TOKENIZER_DIR, build_network
+    from asrkit.importers.nemo_tokenizer import convert_nemo_tokenizer
+    from asrkit.importers.nemo_weights import assign_nemo_transducer, check_feature_buffers
+
     weights = {
         k: v for k, v in archive.weights.items()
         if not k.startswith(("ctc_decoder.", "preprocessor.", "spec_augmentation."))

@@ -216,6 +216,11 @@ def test_the_command_imports_and_the_moved_experiment_transcribes_as_nemo(
     assert "not an empty directory" in capsys.readouterr().err
     assert main(["import", "nemo", "missing.nemo", "--exp-dir", "other"]) == 2
     assert "missing.nemo: no such .nemo file" in capsys.readouterr().err
+    Path("notes.nemo").write_text("not an archive")
+    assert main(["import", "nemo", "notes.nemo", "--exp-dir", "other"]) == 2
+    assert capsys.readouterr().err.strip().endswith("notes.nemo: not a .nemo archive (a .nemo "
+                                                    "file is a tar archive; this is none, or a "
+                                                    "damaged one)")  # fmt: skip
     assert not (tmp_path / "other").exists()
     (tmp_path / "imported").rename(tmp_path / "moved")
     clips = [str(ROOT / clip) for clip in META["clips"]]
