@@ -121,8 +121,7 @@ def search(model, encoded, encoder_lengths, options: DecodeOptions) -> Found:
     """Each row's hypotheses as graph tensors, best first: `Found` with a K axis
     ([B, K, N] tokens, [B, K] counts and scores; K = the beam, or 1 for greedy)."""
     if model.joint.durations:
-        if options.method == "beam":
-            raise InputError("beam search is not available for TDT models yet: use --method greedy")
+        check_search(model, options)
         found = tdt_greedy_search(model, encoded, encoder_lengths, options.max_symbols_per_step)
         return Found(*(x[:, None] for x in found))
     if options.method == "beam":
@@ -133,12 +132,19 @@ def search(model, encoded, encoder_lengths, options: DecodeOptions) -> Found:
     return Found(*(x[:, None] for x in found))
 
 
+def check_search(model, options: DecodeOptions) -> None:
+    """The searches a model has: TDT models (model.durations) decode greedily only."""
+    if model.joint.durations and options.method == "beam":
+        raise InputError("beam search is not available for TDT models yet: use --method greedy")
+
+
 def describe(options: DecodeOptions) -> str:
     name = f"beam search, beam {options.beam}" if options.method == "beam" else "greedy search"
     return f"{name}, at most {options.max_symbols_per_step} symbol(s) per encoder frame"
 
 
 def _compiled(model, options: DecodeOptions):
+    check_search(model, options)  # before tracing: an error inside a trace is wrapped
     cache = model.__dict__.setdefault("_asrkit_search", {})
     if options not in cache:
 

@@ -291,3 +291,13 @@ def test_an_imported_model_fine_tunes_with_init_from(imported, tmp_path, monkeyp
 
     nemo_wer = error_rates([u.text for u in utterances], META["rnnt"]["text"]).wer
     assert 0 < nemo_wer < 1 and result.dev_wer == pytest.approx(nemo_wer, abs=1e-9)
+
+
+def test_beam_search_of_a_tdt_model_is_refused_in_one_line(imported, capsys):
+    from asrkit.cli.main import main
+
+    summary, _, _, _ = imported["tdt"]
+    clip = str(ROOT / META["clips"][0])
+    assert main(["transcribe", "--exp-dir", str(summary.exp_dir), "--method", "beam", clip]) == 2
+    err = capsys.readouterr().err
+    assert "beam search is not available for TDT models yet" in err and "Traceback" not in err
