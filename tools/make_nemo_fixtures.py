@@ -18,6 +18,15 @@ RelPositionMultiHeadAttention with random weights and position biases on a padde
 Encoders (`conformer_x4.ckpt`, `fastconformer_x8.ckpt`, `encoders.npz` / `.json`): tiny
 random-init NeMo ConformerEncoders (striding x4 with xscaling; dw_striding x8 without) with
 randomised BatchNorm statistics, run on NeMo's features of the real clips.
+
+Whole models (`rnnt.nemo`, `tdt.nemo`, `models.npz` / `.json`): two small NeMo transducers
+(a Conformer RNN-T, striding x4; a FastConformer TDT, dw_striding x8) trained here for a few
+CPU minutes on the clips' transcripts, saved with NeMo's `save_to`, then restored from the
+archive: their encoder frames, predictor states, joint log-probs at sampled cells, RNN-T
+losses and greedy_batch tokens and frames on the clips.
+
+TDT losses (`tdt_losses.npz`): NeMo's PyTorch reference TDT loss and its gradient on random
+logits (its `.cuda()` calls made no-ops in this script only).
 """
 
 from __future__ import annotations
