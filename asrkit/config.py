@@ -28,6 +28,14 @@ def _at_least(config, section: str, **minimums) -> None:
             raise ValueError(f"{section}.{key} must be >= {low}, got {value}")
 
 
+def _one_of(config, section: str, **choices) -> None:
+    """Enumerated settings that name the key: each field must be one of its choices."""
+    for key, allowed in choices.items():
+        value = getattr(config, key)
+        if value not in allowed:
+            raise ValueError(f"{section}.{key} must be one of {allowed}, got {value!r}")
+
+
 def _positive(config, section: str, *keys) -> None:
     for key in keys:
         value = getattr(config, key)
@@ -63,13 +71,7 @@ class FeatureConfig:
     pad_to: int = 0  # nemo: the time axis padded to a multiple of this; 0 = none
 
     def __post_init__(self):
-        if self.kind not in FEATURE_KINDS:
-            raise ValueError(f"features.kind must be one of {FEATURE_KINDS}, got {self.kind!r}")
-        if self.normalize not in FEATURE_NORMALIZATIONS:
-            raise ValueError(
-                f"features.normalize must be one of {FEATURE_NORMALIZATIONS}, got "
-                f"{self.normalize!r}"
-            )
+        _one_of(self, "features", kind=FEATURE_KINDS, normalize=FEATURE_NORMALIZATIONS)
         if self.kind == "asrkit" and (self.preemphasis or self.normalize != "none" or self.pad_to):
             raise ValueError(
                 "features.preemphasis, features.normalize and features.pad_to are settings of "
@@ -152,13 +154,7 @@ class EncoderConfig:
         return self.subsampling_factor if self.kind == "nemo_conformer" else 4
 
     def __post_init__(self):
-        if self.kind not in ENCODERS:
-            raise ValueError(f"model.encoder.kind must be one of {ENCODERS}, got {self.kind!r}")
-        if self.subsampling not in NEMO_SUBSAMPLINGS:
-            raise ValueError(
-                f"model.encoder.subsampling must be one of {NEMO_SUBSAMPLINGS}, got "
-                f"{self.subsampling!r}"
-            )
+        _one_of(self, "model.encoder", kind=ENCODERS, subsampling=NEMO_SUBSAMPLINGS)
         factor = self.subsampling_factor
         if factor < 2 or factor & (factor - 1):
             raise ValueError(
@@ -185,19 +181,8 @@ class EncoderConfig:
                 f"model.encoder.left_chunks >= -1 (-1: all), got {self.chunk_frames} and "
                 f"{self.left_chunks}"
             )
-        if self.final_norm not in FINAL_NORMS:
-            raise ValueError(
-                f"model.encoder.final_norm must be one of {FINAL_NORMS}, got {self.final_norm!r}"
-            )
-        if self.conv_norm not in CONV_NORMS:
-            raise ValueError(
-                f"model.encoder.conv_norm must be one of {CONV_NORMS}, got {self.conv_norm!r}"
-            )
-        if self.conv_context not in CONV_CONTEXTS:
-            raise ValueError(
-                f"model.encoder.conv_context must be one of {CONV_CONTEXTS}, got "
-                f"{self.conv_context!r}"
-            )
+        _one_of(self, "model.encoder", final_norm=FINAL_NORMS, conv_norm=CONV_NORMS,
+                conv_context=CONV_CONTEXTS)  # fmt: skip
         if self.dynamic_chunks < 0 or (self.dynamic_chunks and not self.chunk_frames):
             raise ValueError(
                 "model.encoder.dynamic_chunks must be >= 0 and needs model.encoder.chunk_frames "
@@ -224,8 +209,7 @@ class PredictorConfig:
     blank_as_pad: bool = False
 
     def __post_init__(self):
-        if self.kind not in PREDICTORS:
-            raise ValueError(f"model.predictor.kind must be one of {PREDICTORS}, got {self.kind!r}")
+        _one_of(self, "model.predictor", kind=PREDICTORS)
         _at_least(self, "model.predictor", embed_dim=1, units=1, num_layers=1, context_size=1)
         if not 0 <= self.dropout < 1:
             raise ValueError(f"model.predictor.dropout must be in [0, 1), got {self.dropout}")
@@ -245,11 +229,7 @@ class ModelConfig:
 
     def __post_init__(self):
         _at_least(self, "model", joint_dim=1)
-        if self.joint_activation not in JOINT_ACTIVATIONS:
-            raise ValueError(
-                f"model.joint_activation must be one of {JOINT_ACTIVATIONS}, got "
-                f"{self.joint_activation!r}"
-            )
+        _one_of(self, "model", joint_activation=JOINT_ACTIVATIONS)
         object.__setattr__(self, "durations", tuple(self.durations))
         if self.durations and (
             sorted(set(self.durations)) != list(self.durations) or self.durations[0] < 0
@@ -301,8 +281,7 @@ class LossConfig:
         _at_least(self, "loss", prune_range=2, warmup_updates=0, sigma=0.0)
         if not 0 <= self.omega <= 1:
             raise ValueError(f"loss.omega must be in [0, 1], got {self.omega}")
-        if self.kind not in LOSSES:
-            raise ValueError(f"loss.kind must be one of {LOSSES}, got {self.kind!r}")
+        _one_of(self, "loss", kind=LOSSES)
         if self.ctc_weight < 0:
             raise ValueError(f"loss.ctc_weight must be >= 0, got {self.ctc_weight}")
         for key in ("simple_scale", "lm_only_scale", "am_only_scale"):
@@ -315,10 +294,7 @@ class LossConfig:
         if self.delay_penalty and self.kind == "pruned":
             raise ValueError("loss.delay_penalty works with loss.kind=full only (not with pruned)")
         _positive(self, "loss", "chunk_mb", "pruned_chunk_mb")
-        if self.normalize_by not in NORMALIZERS:
-            raise ValueError(
-                f"loss.normalize_by must be one of {NORMALIZERS}, got {self.normalize_by!r}"
-            )
+        _one_of(self, "loss", normalize_by=NORMALIZERS)
 
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -381,10 +357,7 @@ class TrainConfig:
         _at_least(self, "train", weight_decay=0.0, final_lr_ratio=0.0)
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {PRECISIONS}: {self.precision!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"train.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"train.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        _one_of(self, "train", schedule=SCHEDULES, strategy=STRATEGIES)
 
 
 @dataclass(frozen=True)

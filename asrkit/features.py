@@ -58,10 +58,16 @@ def encoder_frames(frames, encoder=None):
     """Encoder frames after the subsampling of `encoder` (an EncoderConfig; default
     asrkit's ×4: two such convolutions)."""
     if encoder is not None and encoder.kind == "nemo_conformer":
-        for _ in range(encoder.subsampling_factor.bit_length() - 1):
-            frames = (frames - 1) // 2 + 1
-        return frames
+        return halved_frames(frames, encoder.subsampling_factor.bit_length() - 1)
     return conv_frames(conv_frames(frames))
+
+
+def halved_frames(frames, halvings: int):
+    """Frames after `halvings` 3-wide, stride-2 convolutions padded by 1 on each side
+    (NeMo's subsampling): n -> (n - 1) // 2 + 1 each. Ints, NumPy arrays and tensors."""
+    for _ in range(halvings):
+        frames = (frames + 2 - 3) // 2 + 1
+    return frames
 
 
 # The fewest feature frames that make one encoder frame (encoder_frames(7) == 1): shorter

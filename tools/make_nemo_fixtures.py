@@ -279,21 +279,18 @@ def models(out: Path) -> None:
     NeMo's own outputs on the real clips: encoder frames, the predictor and joint on the
     transcripts' tokens, and greedy_batch's tokens (and TDT's frames)."""
     import numpy as np
+    import soundfile
     import torch
     from nemo.collections.asr.losses.rnnt import RNNTLoss
     from nemo.collections.asr.models import EncDecRNNTBPEModel
     from omegaconf import OmegaConf
 
     tokenizer = _tokenizer(out)
-    data = np.load(out / "features.npz")
-    import soundfile
-
     waves = [soundfile.read(p, dtype="float32")[0] for p in CLIPS]
     lengths = np.array([len(w) for w in waves])
     batch = np.zeros((len(waves), lengths.max()), np.float32)
     for i, w in enumerate(waves):
         batch[i, : len(w)] = w
-    del data
     lines = [line.split(" ", 1)[1].lower() for line in TEXTS.read_text().splitlines()]
     arrays, summary = {}, {}
     for name in MODELS:

@@ -32,8 +32,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(
             f"--exp-dir {exp_dir}: exists and is not an empty directory; import into a new one"
         )
-    writable_directory(exp_dir.parent if exp_dir.parent != Path("") else Path("."), "--exp-dir",
-                       shown=exp_dir)  # fmt: skip
+    writable_directory(exp_dir.parent, "--exp-dir", shown=exp_dir)
     from asrkit.importers.nemo_model import import_nemo
 
     summary = import_nemo(model, exp_dir)

@@ -67,20 +67,11 @@ def greedy_continue(
             best_log_prob = tf.reduce_max(log_probs, axis=-1)
             scores += tf.where(active, best_log_prob, 0.0)
             emit = tf.logical_and(active, best != BLANK_ID)
-            slots = tf.stack([tf.range(batch), tf.minimum(counts, capacity - 1)], axis=1)
-            rows = tf.boolean_mask(slots, emit)
-            tokens = tf.tensor_scatter_nd_update(tokens, rows, tf.boolean_mask(best, emit))
-            token_frames = tf.tensor_scatter_nd_update(
-                token_frames, rows, tf.fill([tf.shape(rows)[0]], t + first_frame)
-            )
-            log_ps = tf.tensor_scatter_nd_update(log_ps, rows, tf.boolean_mask(best_log_prob, emit))
-            counts += tf.cast(emit, tf.int32)
-            new_out, new_state = predictor.step(tf.where(emit, best, BLANK_ID), state)
-            keep = emit[:, None]
-            pred_out = tf.where(keep, new_out, pred_out)
-            state = tf.nest.map_structure(
-                lambda new, old: tf.where(keep, new, old), new_state, state
-            )
+            tokens, token_frames, log_ps, counts = record_emissions(
+                emit, best, tf.zeros_like(counts) + (t + first_frame), best_log_prob,
+                tokens, token_frames, log_ps, counts,
+            )  # fmt: skip
+            pred_out, state = advance_where(predictor, emit, best, pred_out, state)
             return s + 1, emit, pred_out, state, tokens, token_frames, log_ps, counts, scores
 
         loop = tf.while_loop(
@@ -96,3 +87,23 @@ def greedy_continue(
         [0, pred_out, state, tokens, token_frames, token_log_probs, counts, scores],
     )
     return Found(*result[3:]), (result[1], result[2])
+
+
+def record_emissions(emit, best, frames, best_log_prob, tokens, token_frames, log_ps, counts):
+    """Writes each emitting row's token, frame [B] and log-prob into its next slot."""
+    capacity = tf.shape(tokens)[1]
+    rows = tf.range(tf.shape(tokens)[0])
+    slots = tf.boolean_mask(tf.stack([rows, tf.minimum(counts, capacity - 1)], axis=1), emit)
+    tokens = tf.tensor_scatter_nd_update(tokens, slots, tf.boolean_mask(best, emit))
+    token_frames = tf.tensor_scatter_nd_update(token_frames, slots, tf.boolean_mask(frames, emit))
+    log_ps = tf.tensor_scatter_nd_update(log_ps, slots, tf.boolean_mask(best_log_prob, emit))
+    return tokens, token_frames, log_ps, counts + tf.cast(emit, tf.int32)
+
+
+def advance_where(predictor, emit, best, pred_out, state):
+    """The predictor advanced by `best` in the emitting rows, as it was in the others."""
+    new_out, new_state = predictor.step(tf.where(emit, best, BLANK_ID), state)
+    keep = emit[:, None]
+    pred_out = tf.where(keep, new_out, pred_out)
+    state = tf.nest.map_structure(lambda new, old: tf.where(keep, new, old), new_state, state)
+    return pred_out, state

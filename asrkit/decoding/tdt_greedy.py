@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
+from asrkit.decoding.greedy import advance_where, record_emissions
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step
@@ -30,7 +31,6 @@ def tdt_greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int
     lengths = tf.cast(encoder_lengths, tf.int32)
     capacity = frames * max_symbols_per_step
     pred_out, state = predictor.step(tf.fill([batch], BLANK_ID), predictor.initial_state(batch))
-    rows = tf.range(batch)
 
     def cond(t, *_):
         return tf.reduce_any(t < lengths)
@@ -47,18 +47,12 @@ def tdt_greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int
         scores += tf.where(active, best_log_prob + tf.reduce_max(duration_log_probs, -1), 0.0)
         emit = active & (best != BLANK_ID)
         skip = tf.where((best == BLANK_ID) & (skip == 0), 1, skip)
-        slots = tf.stack([rows, tf.minimum(counts, capacity - 1)], axis=1)
-        at = tf.boolean_mask(slots, emit)
-        tokens = tf.tensor_scatter_nd_update(tokens, at, tf.boolean_mask(best, emit))
-        token_frames = tf.tensor_scatter_nd_update(token_frames, at, tf.boolean_mask(t, emit))
-        log_ps = tf.tensor_scatter_nd_update(log_ps, at, tf.boolean_mask(best_log_prob, emit))
-        counts += tf.cast(emit, tf.int32)
+        tokens, token_frames, log_ps, counts = record_emissions(
+            emit, best, t, best_log_prob, tokens, token_frames, log_ps, counts
+        )
         run = tf.where(emit, tf.where(last == t, run + 1, 1), run)
         last = tf.where(emit, t, last)
-        new_out, new_state = predictor.step(tf.where(emit, best, BLANK_ID), state)
-        keep = emit[:, None]
-        pred_out = tf.where(keep, new_out, pred_out)
-        state = tf.nest.map_structure(lambda new, old: tf.where(keep, new, old), new_state, state)
+        pred_out, state = advance_where(predictor, emit, best, pred_out, state)
         forced = emit & (skip == 0) & (run >= max_symbols_per_step)
         t = tf.where(active, t + skip + tf.cast(forced, tf.int32), t)
         return t, pred_out, state, run, last, tokens, token_frames, log_ps, counts, scores

@@ -202,12 +202,10 @@ def check_feature_buffers(state: dict[str, np.ndarray], features, source: str) -
     for key, want in expected.items():
         if key not in state:
             continue
-        got = (
-            np.asarray(state[key], np.float64).reshape(want.shape)
-            if state[key].size == want.size
-            else None
-        )
-        if got is None or np.max(np.abs(got - want)) > 1e-6 * max(1.0, np.max(np.abs(want))):
+        got = np.asarray(state[key], np.float64)
+        if got.size != want.size or (
+            np.max(np.abs(got.reshape(want.shape) - want)) > 1e-6 * max(1.0, np.max(np.abs(want)))
+        ):
             raise WeightMismatch(
                 f"{source}: {key} differs from the buffer of the preprocessor settings (a "
                 "filterbank or window asrkit does not compute)"

@@ -27,6 +27,7 @@ import math
 import keras
 import tensorflow as tf
 
+from asrkit.features import halved_frames
 from asrkit.models.layers import BatchNorm, CompositeLayer
 from asrkit.models.rel_attention import RelPositionSelfAttention
 
@@ -39,13 +40,6 @@ def _halvings(factor: int) -> int:
     if 2**halvings != factor or halvings < 1:
         raise ValueError(f"subsampling factor must be a power of 2, got {factor}")
     return halvings
-
-
-def halved_frames(frames, halvings: int):
-    """Valid frames after `halvings` 3-wide, stride-2 convolutions padded by 1."""
-    for _ in range(halvings):
-        frames = (frames + 2 - 3) // 2 + 1
-    return frames
 
 
 def _time_mask(x, lengths):

@@ -188,9 +188,10 @@ def tdt_losses(task, encoded, predicted, labels, encoder_lengths, label_lengths)
                 encoder_lengths, label_lengths, durations, BLANK_ID, config.sigma,
                 int(config.chunk_mb * 2**20), joint.activation,
             )  # fmt: skip
+        token_logits, duration_logits = joint.tokens_and_durations(encoded, predicted)
         return tdt_loss(
-            joint(encoded, predicted), joint.duration_logits(encoded, predicted), labels,
-            encoder_lengths, label_lengths, durations, BLANK_ID, config.sigma,
+            token_logits, duration_logits, labels, encoder_lengths, label_lengths, durations,
+            BLANK_ID, config.sigma,
         )  # fmt: skip
 
     if config.omega <= 0:
