@@ -137,7 +137,12 @@ def _union_update(conv_norm, initial, batches):
     return [v.numpy() for v in task.network.weights]
 
 
-@pytest.mark.parametrize("conv_norm", ["layer", "frozen_batch", "nemo", "nemo_tdt"])
+# "layer" differs from "frozen_batch" in the norm only, "nemo" from "nemo_tdt" in the loss
+# only (the fused RNN-T loss is in "frozen_batch"): those two run in the slow tier.
+@pytest.mark.parametrize("conv_norm", [pytest.param("layer", marks=pytest.mark.slow),
+                                       "frozen_batch",
+                                       pytest.param("nemo", marks=pytest.mark.slow),
+                                       "nemo_tdt"])  # fmt: skip
 def test_a_conformer_update_with_an_empty_share_equals_the_union_batch(mirrored, conv_norm):
     """Two replicas, micro-batches of 4 and 1 utterances: replica 1's share of the second is
     empty. The update equals the union batch's; frozen BatchNorm statistics do not move."""
