@@ -102,6 +102,8 @@ def memory_fingerprint(config: ExperimentConfig) -> dict:
         "model": dataclasses.asdict(config.model),
         "loss": dataclasses.asdict(config.loss),
         "precision": config.train.precision,
+        "optimizer": config.train.optimizer,
+        "freeze_encoder": config.train.freeze_encoder,
         "jit_compile": config.train.jit_compile,
         "num_mel_bins": config.features.num_mel_bins,
         "label_pad_multiple": config.data.label_pad_multiple,

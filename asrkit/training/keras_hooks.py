@@ -18,6 +18,10 @@ loudly when a Keras release changes it:
    pass over Keras' and TensorFlow's bookkeeping ones (`_layers`, `_tracker`,
    `_self_*`, ...). Test: `test_names_are_attribute_paths_the_same_in_every_instance`
    (every variable named, none through bookkeeping).
+5. `variable_index(optimizer, variable)` — the private `_get_variable_index` by which a
+   Keras optimizer finds a weight's own slots inside `update_step` (the weight arrives
+   there as the strategy's per-device value); `FactoredAdafactor` keeps its factored
+   slots in lists indexed by it. Test: `test_variable_index_finds_each_weights_slot`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import contextlib
 import keras
 
 SYMBOLIC_BUILD = "_maybe_symbolic_build"
+_VARIABLE_INDEX = "_get_variable_index"
 _LOSS_TRACKER = "_loss_tracker"
 
 
@@ -62,3 +67,14 @@ def install_loss_tracker(model: keras.Model, metric: keras.metrics.Metric) -> No
             "asrkit's evaluate() loss needs updating."
         )
     object.__setattr__(model, _LOSS_TRACKER, metric)
+
+
+def variable_index(optimizer, variable) -> int:
+    """The position of `variable` in the list `optimizer.build` was given."""
+    find = getattr(optimizer, _VARIABLE_INDEX, None)
+    if find is None:
+        raise RuntimeError(
+            "keras.optimizers.Optimizer has no _get_variable_index: this Keras version "
+            "changed how update_step finds a weight's slots; asrkit's Adafactor needs updating."
+        )
+    return find(variable)

@@ -70,6 +70,7 @@ from asrkit.features import normalizer_for
 from asrkit.models.transducer import Transducer
 from asrkit.outputs import writable_directory
 from asrkit.tokenizer import Tokenizer
+from asrkit.training.optimizers import build_optimizer
 from asrkit.training.callbacks import StopRequest, TrainingProgress
 from asrkit.training.probe import largest_micro_batch, probe_memory
 from asrkit.training.schedules import WarmupCosine, WarmupInverseSqrt
@@ -134,7 +135,7 @@ def build_task(
     freeze_encoder(network, t.freeze_encoder)
     if optimizer is None:
         schedule = learning_rate_schedule(config, total_updates)
-        optimizer = keras.optimizers.AdamW(schedule, weight_decay=t.weight_decay)
+        optimizer = build_optimizer(t.optimizer, schedule, t.weight_decay)
     task = TransducerTask(network, config.loss, name="transducer_task")
     task.compile(
         optimizer,

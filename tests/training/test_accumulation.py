@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from asrkit.training.optimizers import FactoredAdafactor
 from tests.training.toy import (
     TokenRegressor,
     assert_weights_close,
@@ -26,6 +27,7 @@ OPTIMIZERS = {
     "momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
     "adam": lambda: keras.optimizers.Adam(0.05),
     "adamw": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.1),
+    "adafactor": lambda: FactoredAdafactor(0.05, weight_decay=0.1),
     # EMA overwrites the weights every 2 updates: it must count updates, not micro-steps.
     "adam_ema": lambda: keras.optimizers.Adam(
         0.05, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=2
@@ -84,7 +86,7 @@ def test_per_micro_batch_means_would_differ():
     assert diff > 1e-3
 
 
-@pytest.mark.parametrize("name", ["sgd", "adamw"])
+@pytest.mark.parametrize("name", ["sgd", "adamw", "adafactor"])
 def test_mirrored_two_replicas_equals_union_batch(mirrored, name):
     # Odd global batches and a global batch of 1 (one replica gets nothing).
     batches = make_batches(SIZES)

@@ -86,3 +86,28 @@ def test_compile_installs_the_loss_tracker_we_replace():
     ours.compile(keras.optimizers.SGD(0.1))
     assert isinstance(ours._loss_tracker, WindowMean)
     assert [m.name for m in ours.metrics] == ["loss"]
+
+
+def test_variable_index_finds_each_weights_slot(mirrored):
+    """Inside a distributed update_step the weight arrives as the strategy's per-device
+    value; the private index still finds its position in the build list."""
+    from asrkit.training.keras_hooks import variable_index
+
+    with mirrored.scope():
+        variables = [keras.Variable(np.zeros(s, np.float32)) for s in [(2,), (3, 2), (4,)]]
+        optimizer = keras.optimizers.SGD(1.0)
+        optimizer.build(variables)
+    found = []
+
+    def record(gradient, variable, learning_rate):
+        index = variable_index(optimizer, variable)
+        found.append((index, tuple(variable.shape) == variables[index].shape))
+
+    optimizer.update_step = record
+
+    @tf.function
+    def step():
+        mirrored.run(lambda: optimizer.apply([tf.ones(v.shape) for v in variables], variables))
+
+    step()
+    assert sorted(set(found)) == [(0, True), (1, True), (2, True)]

@@ -1,0 +1,78 @@
+"""The optimizers `train.optimizer` names, and what their state costs in memory.
+
+`adamw` keeps two float32 slots per weight (first and second moments): 8 bytes per
+parameter, 4.8 GB for a 0.6 B model, more than its weights. `adafactor` (Shazeer & Stern,
+2018) keeps no first moment and, for every matrix, only the row and column means of the
+squared gradients: its state is a few bytes per row and column. Keras' `Adafactor` computes
+the same update but stores the factored second moment expanded to a full-size slot per
+matrix as well (4 bytes per parameter); `FactoredAdafactor` rebuilds it on the fly instead.
+
+Both are plain Keras optimizers: the accumulation engine applies them once per window with
+the reduced gradient, like any other.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from asrkit.training.keras_hooks import variable_index
+
+
+class FactoredAdafactor(keras.optimizers.Adafactor):
+    """Keras' Adafactor update, with the second moment of a matrix (or of the last two
+    axes of a higher-rank weight) kept only as its row and column factors. Vectors and
+    scalars keep a full second moment, as in Keras'."""
+
+    def build(self, var_list):
+        if self.built:
+            return
+        keras.optimizers.Optimizer.build(self, var_list)
+        self._r, self._c, self._v = [], [], []
+        for var in var_list:
+            factored = len(var.shape) >= 2
+            self._r.append(
+                self.add_variable(shape=var.shape[:-1], dtype=var.dtype, name=f"{var.name}_row")
+                if factored else None
+            )  # fmt: skip
+            self._c.append(
+                self.add_variable(shape=var.shape[:-2] + (var.shape[-1],), dtype=var.dtype,
+                                  name=f"{var.name}_column")
+                if factored else None
+            )  # fmt: skip
+            self._v.append(
+                None if factored else self.add_variable_from_reference(var, name="velocity")
+            )
+
+    def update_step(self, gradient, variable, learning_rate):
+        lr = ops.cast(learning_rate, variable.dtype)
+        gradient = ops.cast(gradient, variable.dtype)
+        one = ops.cast(1.0, variable.dtype)
+        step = ops.cast(self.iterations + 1, variable.dtype)
+        if not callable(self._learning_rate) and self.relative_step:
+            lr = ops.minimum(lr, 1 / ops.sqrt(step))
+        rho = ops.minimum(lr, 1 / ops.sqrt(step))
+        alpha = ops.maximum(ops.cast(self.epsilon_2, variable.dtype), self._rms(variable)) * rho
+        squared = ops.square(gradient) + self.epsilon_1
+        beta = 1 - ops.power(step, self.beta_2_decay)
+        index = variable_index(self, variable)
+        r, c, v = self._r[index], self._c[index], self._v[index]
+        if v is None:
+            self.assign(r, beta * r + (1 - beta) * ops.mean(squared, axis=-1))
+            self.assign(c, beta * c + (1 - beta) * ops.mean(squared, axis=-2))
+            second = ops.expand_dims(r / ops.mean(r, axis=-1, keepdims=True), -1)
+            second = second * ops.expand_dims(c, -2)
+        else:
+            self.assign(v, beta * v + (1 - beta) * squared)
+            second = v
+        update = gradient / ops.sqrt(second)
+        update = update / ops.maximum(one, self._rms(update) / self.clip_threshold)
+        self.assign_sub(variable, alpha * update)
+
+
+def build_optimizer(kind: str, learning_rate, weight_decay: float):
+    """`train.optimizer` as a Keras optimizer with the given schedule and decoupled weight
+    decay (both apply the decay as lr · decay · w)."""
+    if kind == "adafactor":
+        return FactoredAdafactor(learning_rate, weight_decay=weight_decay or None)
+    return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
