@@ -239,6 +239,7 @@ def plan_training(
     from asrkit.data.records import check_shards, shard_files
     from asrkit.tokenizer import Tokenizer
     from asrkit.training.memory_meter import MemoryMeter
+    from asrkit.training.state_size import check_state_fits, training_state
 
     if device is None:
         device = "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
@@ -252,7 +253,12 @@ def plan_training(
         )
     if budget is None:
         budget = device_capacity(device)
+    if not 0 <= margin < 1:
+        raise UserError(f"the safety margin must be in [0, 1), got {margin}")
     tokenizer = Tokenizer.load(config.data.tokenizer)
+    state = training_state(config, tokenizer.vocab_size)  # before any data is read
+    log(f"training state: {state.describe()}")
+    check_state_fits(state, budget, margin)
     check_shards(config.data.train_shards, config, tokenizer)
     index = index_shards(shard_files(config.data.train_shards), config.model.encoder)
     limit = budget if emulate and device.startswith("GPU") else None

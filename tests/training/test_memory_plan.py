@@ -315,3 +315,18 @@ def test_a_measured_plan_keeps_its_promise(corpus):
             assert fits <= budget, (b, fits)
             assert over > plan.usable_bytes * (1 - DEFAULT_MARGIN), (b, over)
     assert plan.measured_for["model"]["encoder"]["kind"] == "conformer"
+
+
+def test_a_budget_below_the_training_state_is_refused_before_any_data_is_read(
+    corpus, monkeypatch, capsys
+):
+    """The training shards do not even exist: the refusal comes first, naming the sizes."""
+    from asrkit.cli.main import main
+
+    monkeypatch.chdir(corpus)
+    code = main(["plan", "--config", "conf.yaml", "--exp-dir", "exp_state", "--memory", "64KiB",
+                 "--set", "data.train_shards=no/such/shards"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "the training state alone does not fit: weights" in err and "AdamW slots" in err
+    assert "no/such/shards" not in err and not (corpus / "exp_state" / "plan.json").exists()
