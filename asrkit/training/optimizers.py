@@ -36,7 +36,7 @@ class FactoredAdafactor(keras.optimizers.Adafactor):
                 if factored else None
             )  # fmt: skip
             self._c.append(
-                self.add_variable(shape=var.shape[:-2] + (var.shape[-1],), dtype=var.dtype,
+                self.add_variable(shape=(*var.shape[:-2], var.shape[-1]), dtype=var.dtype,
                                   name=f"{var.name}_column")
                 if factored else None
             )  # fmt: skip

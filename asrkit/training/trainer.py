@@ -70,8 +70,8 @@ from asrkit.features import normalizer_for
 from asrkit.models.transducer import Transducer
 from asrkit.outputs import writable_directory
 from asrkit.tokenizer import Tokenizer
-from asrkit.training.optimizers import build_optimizer
 from asrkit.training.callbacks import StopRequest, TrainingProgress
+from asrkit.training.optimizers import build_optimizer
 from asrkit.training.probe import largest_micro_batch, probe_memory
 from asrkit.training.schedules import WarmupCosine, WarmupInverseSqrt
 from asrkit.training.task import TransducerTask
