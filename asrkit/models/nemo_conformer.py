@@ -61,7 +61,7 @@ def _conv(conv, x):
         return tf.zeros(tf.stack(out), x.dtype)
 
     y = tf.cond(shape[0] > 0, lambda: conv(x), empty)
-    return tf.ensure_shape(y, [None, None, None, channels])
+    return tf.ensure_shape(y, [x.shape[0], None, None, channels])  # batch stays static
 
 
 @keras.saving.register_keras_serializable(package="asrkit")

@@ -112,6 +112,13 @@ def test_greedy_search_finds_nemos_tokens_at_nemos_frames(imported, name):
         assert hyp.text == " ".join(META[name]["text"][row].upper().split())
         emitted += len(hyp.tokens)
     assert emitted > 20  # the fixture models are trained: they emit
+    # One utterance alone (a test set's last batch), in a search traced first for that
+    # static shape (a fresh trace cache): the same tokens and frames.
+    experiment.network.__dict__.pop("_asrkit_search", None)
+    n = int(lengths[0])
+    alone = decode_batch(experiment.network, batch[:1, :n], lengths[:1], experiment.tokenizer,
+                         options)  # fmt: skip
+    assert alone[0].tokens == hyps[0].tokens and alone[0].frames == hyps[0].frames
 
 
 def test_the_tokenizer_gives_nemos_ids_plus_one(imported):
