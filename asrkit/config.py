@@ -166,11 +166,8 @@ class EncoderConfig:
                     "model.encoder.conv_norm must be batch or frozen_batch for nemo_conformer "
                     "(its convolution module has BatchNorm)"
                 )
-            if self.chunk_frames or self.recompute:
-                raise ValueError(
-                    "model.encoder.chunk_frames and model.encoder.recompute are not available "
-                    "for nemo_conformer"
-                )
+            if self.chunk_frames:
+                raise ValueError("model.encoder.chunk_frames is not available for nemo_conformer")
         _at_least(self, "model.encoder", d_model=1, num_blocks=1, num_heads=1, kernel_size=1,
                   subsampling_filters=1, lstm_units=1, lstm_layers=1, ff_expansion=1)  # fmt: skip
         if not 0 <= self.dropout < 1:

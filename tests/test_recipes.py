@@ -116,3 +116,64 @@ def test_librispeech_recipe_names_what_is_missing(tmp_path):
     assert "missing under" in run.stderr and "train-clean-360" in run.stderr
     assert "dev-clean" not in run.stderr.split("missing under")[1].split("(")[0]
     assert "never downloads" in run.stderr
+
+
+FINETUNE = ROOT / "recipes/finetune/run.sh"
+
+
+@pytest.mark.slow
+def test_finetune_recipe_imports_plans_trains_and_compares_on_a_tiny_corpus(tmp_path):
+    """A NeMo fixture model fine-tuned on another synthetic corpus (LibriSpeech layout):
+    every stage, WER before and after on the test set, a SavedModel; a rerun skips all."""
+    from asrkit.data.synthetic import make_synthetic_corpus
+
+    make_synthetic_corpus(tmp_path / "corpus", "tiny", seed=3, show_progress=False)
+    asrkit = Path(sys.executable).parent / "asrkit"
+    cmd = ["bash", str(FINETUNE), "--nemo", str(ROOT / "tests/data/nemo/rnnt.nemo"),
+           "--data", str(tmp_path / "corpus"), "--work", str(tmp_path / "w"),
+           "--memory", "2GiB", "--set", "train.epochs=2"]  # fmt: skip
+    env = dict(os.environ, ASRKIT=str(asrkit))
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    work = tmp_path / "w"
+    assert all((work / ".done" / str(n)).exists() for n in range(9))
+    before = json.loads((work / "decode_before/wer.json").read_text())
+    after = json.loads((work / "exp/decode_after/wer.json").read_text())
+    assert before["utterances"] == after["utterances"] == 2
+    assert "before fine-tuning: data/test.jsonl" in first.stdout
+    assert "after fine-tuning:  data/test.jsonl" in first.stdout
+    assert "initialised 98 variables from pretrained" in first.stdout  # every weight reused
+    assert json.loads((work / "exp/plan.json").read_text())["budget_bytes"] == 2 * 2**30
+    assert (work / "exp/saved_model/saved_model.pb").is_file()
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stdout.count("done before, skipped") == 9
+
+
+def test_finetune_recipe_refuses_wrong_arguments_in_one_line(tmp_path):
+    fake = tmp_path / "exp"
+    fake.mkdir()
+    (fake / "config.yaml").write_text("schema: 1\n")
+    jsonl = tmp_path / "jsonl"
+    jsonl.mkdir()
+    for name in ("train", "dev", "test"):
+        (jsonl / f"{name}.jsonl").write_text('{"id": "a", "audio_path": "a.flac"}\n')
+    (jsonl / "dev.jsonl").write_text('{"id": "a"}\nnot json\n')
+    cases = {
+        (): "give the pretrained model",
+        ("--nemo", "no.nemo", "--data", str(tmp_path)): "no.nemo: no such file",
+        ("--exp", str(tmp_path), "--data", str(tmp_path)): "not an asrkit experiment",
+        ("--exp", str(fake)): "give the data",
+        ("--exp", str(fake), "--data", "nowhere"): "nowhere: no such directory",
+        ("--exp", str(fake), "--data", str(tmp_path), "--tokenizer", "old"): "keep or new",
+        ("--exp", str(fake), "--data", str(tmp_path), "--parts", "a,b"): "three parts",
+        ("--frobnicate",): "unknown argument: --frobnicate",
+        ("--exp", str(fake), "--data", str(jsonl), "--work", str(tmp_path / "w"),
+         "--stage", "1", "--stop-stage", "1"): "dev.jsonl line 2: not a JSON object",
+    }  # fmt: skip
+    for args, words in cases.items():
+        run = subprocess.run(["bash", str(FINETUNE), *args], capture_output=True, text=True,
+                             timeout=60, cwd=tmp_path)  # fmt: skip
+        assert run.returncode == 2 and words in run.stderr, (args, run.stderr)
+        assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
+    written = (tmp_path / "w/data/train.jsonl").read_text()
+    assert json.loads(written)["audio_path"] == str(tmp_path / "a.flac")  # from where it ran

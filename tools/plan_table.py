@@ -11,6 +11,11 @@ and the line predicts the largest micro-batch for each card size with the plan's
     python tools/plan_table.py --config recipes/librispeech/conf/conformer_s.yaml \
         --vocab 1024 --buckets 4 --set train.precision=float32
 
+With `--lengths 10 20 30` the buckets are micro-batches of utterances of exactly those
+lengths instead, and each row gives, per length, the utterances that fit and the
+micro-batches an update of `train.effective_batch_seconds` then takes (the fine-tuning
+recipe's table for large models).
+
 Measured on a CPU, these are estimates for a GPU (other kernels, workspace, allocator
 rounding): `asrkit plan` on the card itself replaces them.
 """
@@ -47,8 +52,12 @@ def main() -> None:
     parser.add_argument("--buckets", type=int, default=6, help="buckets measured (fewer is faster)")
     # one utterance is the noisiest point (the executor's buffer reuse varies most there)
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--lengths", type=float, nargs="+", metavar="SECONDS",
+                        help="measure utterances of these lengths instead of buckets")  # fmt: skip
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
+    if args.lengths:
+        return by_length(args)
 
     config = load_config(args.config, [*args.overrides, f"data.num_buckets={args.buckets}"])
     rng = np.random.default_rng(0)
@@ -100,6 +109,46 @@ def main() -> None:
         print(
             f"| {gb:g} GB | {' | '.join(cells)} | {summary.micro_batch_seconds:.0f} s | {steps} |"
         )
+
+
+def by_length(args) -> None:
+    from asrkit.training.memory_plan import ProbeBucket
+    from asrkit.training.state_size import training_state
+
+    config = load_config(args.config, args.overrides)
+    state = training_state(config, args.vocab)
+    print(f"training state: {state.describe()}", flush=True)
+    multiple = config.data.label_pad_multiple
+    started = time.monotonic()
+    lines = []
+    with MemoryMeter(config, args.vocab) as meter:
+        print(f"measured baseline: {format_bytes(meter.baseline)}", flush=True)
+        for seconds in args.lengths:
+            tokens = math.ceil(seconds * args.tokens_per_second / multiple) * multiple
+            probe = ProbeBucket(round(seconds * 100) + 1, tokens, 10**6)
+            points = {n: meter.peak(n, probe.boundary - 1, tokens) for n in args.sizes}
+            fixed, slope = fit_line(points)
+            print(
+                f"{seconds:g} s, {tokens} tokens: "
+                + ", ".join(f"{n} utt {format_bytes(v)}" for n, v in points.items())
+                + f" -> {format_bytes(fixed)} + {format_bytes(slope)} per utterance "
+                f"({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
+            lines.append((seconds, PlannedBucket(probe.boundary, tokens, 10**6, min(points),
+                                                 int(points[min(points)]), None, fixed,
+                                                 slope)))  # fmt: skip
+    target = config.train.effective_batch_seconds or 2000.0
+    print(f"\n| GPU | " + " | ".join(f"{s:g} s utterances" for s, _ in lines) + " |")
+    print("|---" * (len(lines) + 1) + "|")
+    for gb in args.gpus:
+        budget = int(gb * 1e9)
+        cells = []
+        for seconds, bucket in lines:
+            n = predicted_micro_batch(bucket, budget, DEFAULT_MARGIN)
+            cells.append(f"{n} x {seconds:g} s, {math.ceil(target / (n * seconds))} per "
+                         f"{target:g} s" if n else "does not fit")  # fmt: skip
+        print(f"| {gb:g} GB | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import tensorflow as tf
 from asrkit.config import ExperimentConfig
 from asrkit.data.order import RecordIndex, epoch_order, index_records, order_seed
 from asrkit.data.records import lengths_index, parse_example
+from asrkit.errors import InputError
 from asrkit.features import encoder_frames
 
 
@@ -138,9 +139,11 @@ def _uniform_int(seed, low, high, salt: int) -> tf.Tensor:
     return tf.random.stateless_uniform([], seed, minval=low, maxval=high, dtype=tf.int32)
 
 
-def index_shards(files: list[str], encoder=None) -> RecordIndex:
+def index_shards(files: list[str], encoder=None, name: str | None = None) -> RecordIndex:
     """The usable records of `files` (enough frames of `encoder` for their tokens), located
-    by byte offset, with their counts from the `*.lengths.json` side files."""
+    by byte offset, with their counts from the `*.lengths.json` side files. With `name`
+    (the shard directory, for the message) an index with no usable record is an
+    `InputError`."""
 
     def counts(path):
         index = lengths_index(path)
@@ -149,7 +152,16 @@ def index_shards(files: list[str], encoder=None) -> RecordIndex:
     def keep(frames, tokens):
         return enough_frames(frames, tokens, encoder)
 
-    return index_records(sorted(str(f) for f in files), counts, keep)
+    index = index_records(sorted(str(f) for f in files), counts, keep)
+    if name is not None and index.frames.size == 0:
+        factor = 4 if encoder is None else encoder.frames_per_output
+        raise InputError(
+            f"{name}: none of its {index.unusable} utterance(s) has as many encoder frames "
+            f"(one per {10 * factor} ms) as tokens, so none can be trained on: use a "
+            "tokenizer with longer pieces (a larger vocabulary) or an encoder that "
+            "subsamples less"
+        )
+    return index
 
 
 def prefetched_micro_batches() -> int:

@@ -28,7 +28,13 @@ import keras
 import tensorflow as tf
 
 from asrkit.features import halved_frames
-from asrkit.models.layers import BatchNorm, CompositeLayer
+from asrkit.models.layers import (
+    BatchNorm,
+    CompositeLayer,
+    block_seeds,
+    maybe_recomputed,
+    seeded_dropout,
+)
 from asrkit.models.rel_attention import RelPositionSelfAttention
 
 SUBSAMPLINGS = ("striding", "dw_striding")
@@ -168,7 +174,6 @@ class NemoConformerLayer(CompositeLayer):
         self.d_model, self.num_heads, self.expansion = d_model, num_heads, expansion
         self.kernel_size, self.batch_norm_statistics = kernel_size, batch_norm_statistics
         self.dropout, self.use_bias = dropout, use_bias
-        self.drop = keras.layers.Dropout(dropout)
         self.norm_ff1, self.ff1 = (
             _layer_norm(),
             NemoFeedForward(d_model=d_model, expansion=expansion, use_bias=use_bias),
@@ -187,13 +192,18 @@ class NemoConformerLayer(CompositeLayer):
         )
         self.norm_out = _layer_norm()
 
-    def call(self, x, lengths, training=False):
+    def call(self, x, lengths, training=False, seed=None):
+        """`seed` [2]: the residual dropout masks (NeMo's `dropout`) are drawn from it, so a
+        recomputed block replays them."""
         valid = tf.sequence_mask(lengths, tf.shape(x)[1])
-        drop = lambda h: self.drop(h, training=training)  # noqa: E731 (NeMo's `dropout`)
-        x = x + 0.5 * drop(self.ff1(self.norm_ff1(x)))
-        x = x + drop(self.attention(self.norm_attention(x), valid))
-        x = x + drop(self.conv(self.norm_conv(x), lengths, training=training))
-        x = x + 0.5 * drop(self.ff2(self.norm_ff2(x)))
+
+        def drop(h, salt):
+            return seeded_dropout(h, self.dropout, seed, salt, training and seed is not None)
+
+        x = x + 0.5 * drop(self.ff1(self.norm_ff1(x)), 0)
+        x = x + drop(self.attention(self.norm_attention(x), valid), 1)
+        x = x + drop(self.conv(self.norm_conv(x), lengths, training=training), 2)
+        x = x + 0.5 * drop(self.ff2(self.norm_ff2(x)), 3)
         return self.norm_out(x)
 
     def get_config(self):
@@ -212,7 +222,7 @@ class NemoConformerEncoder(CompositeLayer):
         self, *, d_model: int, num_layers: int, num_heads: int, expansion: int,
         kernel_size: int, subsampling: str, subsampling_factor: int, subsampling_channels: int,
         xscaling: bool, batch_norm_statistics: str = "running", dropout: float = 0.0,
-        use_bias: bool = True, **kwargs,
+        use_bias: bool = True, recompute: bool = False, **kwargs,
     ):  # fmt: skip
         super().__init__(**kwargs)
         self.settings = dict(
@@ -220,9 +230,11 @@ class NemoConformerEncoder(CompositeLayer):
             kernel_size=kernel_size, subsampling=subsampling,
             subsampling_factor=subsampling_factor, subsampling_channels=subsampling_channels,
             xscaling=xscaling, batch_norm_statistics=batch_norm_statistics, dropout=dropout,
-            use_bias=use_bias,
+            use_bias=use_bias, recompute=recompute,
         )  # fmt: skip
-        self.d_model, self.xscaling = d_model, xscaling
+        self.d_model, self.xscaling, self.dropout = d_model, xscaling, dropout
+        self.recompute = recompute
+        self.seeds = keras.random.SeedGenerator()
         self.subsampling = NemoSubsampling(
             kind=subsampling, factor=subsampling_factor, channels=subsampling_channels,
             d_model=d_model,
@@ -248,8 +260,15 @@ class NemoConformerEncoder(CompositeLayer):
         x, lengths = self.subsampling(features, feature_lengths)
         if self.xscaling:
             x = x * math.sqrt(self.d_model)
-        for block in self.blocks:
-            x = block(x, lengths, training=training)
+        # Drawn here, outside any recomputed block, so a recomputation replays the masks.
+        seed = block_seeds(self.seeds, training and self.dropout > 0)
+        for index, block in enumerate(self.blocks):
+            block_seed = tf.random.experimental.stateless_fold_in(seed, index)
+
+            def run(x, block=block, block_seed=block_seed):
+                return block(x, lengths, training=training, seed=block_seed)
+
+            x = maybe_recomputed(run, self.recompute and training)(x)
         return x, lengths
 
     def get_config(self):

@@ -29,7 +29,8 @@ def build_encoder(config: EncoderConfig):
             subsampling=config.subsampling, subsampling_factor=config.subsampling_factor,
             subsampling_channels=config.subsampling_filters, xscaling=config.xscaling,
             batch_norm_statistics="batch" if config.conv_norm == "batch" else "running",
-            dropout=config.dropout, use_bias=config.use_bias, name="encoder",
+            dropout=config.dropout, use_bias=config.use_bias, recompute=config.recompute,
+            name="encoder",
         )  # fmt: skip
     if config.kind == "lstm":
         return LSTMEncoder(

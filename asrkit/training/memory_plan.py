@@ -260,7 +260,9 @@ def plan_training(
     log(f"training state: {state.describe()}")
     check_state_fits(state, budget, margin)
     check_shards(config.data.train_shards, config, tokenizer)
-    index = index_shards(shard_files(config.data.train_shards), config.model.encoder)
+    index = index_shards(
+        shard_files(config.data.train_shards), config.model.encoder, config.data.train_shards
+    )
     limit = budget if emulate and device.startswith("GPU") else None
     log(f"measuring on {device}, budget {format_bytes(budget)}, margin {margin:.0%}")
     with MemoryMeter(config, tokenizer.vocab_size, device, limit) as meter:

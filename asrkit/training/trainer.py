@@ -407,9 +407,8 @@ def _plan_data(run: _Run, replicas: int) -> _TrainingData:
     if config.data.dev_shards:
         check_shards(config.data.dev_shards, config, run.tokenizer)
     files = shard_files(config.data.train_shards)
-    index = index_shards(
-        files, config.model.encoder
-    )  # reads each side file once, and the record headers
+    # reads each side file once, and the record headers
+    index = index_shards(files, config.model.encoder, config.data.train_shards)
     if index.unusable:
         log(f"{index.unusable} utterance(s) have fewer encoder frames than tokens and are skipped")
     frames, tokens = index.frames, index.tokens

@@ -23,8 +23,17 @@ BATCH = (RNG.standard_normal((3, 64, 80)).astype(np.float32), np.array([64, 47, 
          np.array([4, 2, 0]))  # fmt: skip
 
 
+KINDS = {
+    "conformer": {},
+    "lstm": {},
+    # an imported NeMo FastConformer's architecture (frozen BatchNorm, as fine-tuning keeps it)
+    "nemo_conformer": {"conv_norm": "frozen_batch", "subsampling": "dw_striding",
+                       "subsampling_factor": 8},
+}  # fmt: skip
+
+
 def _loss_and_grads(kind, recompute, graph):
-    encoder = dataclasses.replace(CONFIG.encoder, kind=kind, recompute=recompute)
+    encoder = dataclasses.replace(CONFIG.encoder, kind=kind, recompute=recompute, **KINDS[kind])
     keras.utils.set_random_seed(0)  # same weights and the same dropout seed stream
     task = TransducerTask(Transducer(12, dataclasses.replace(CONFIG, encoder=encoder)))
     task.compute_loss_terms(BATCH, training=False)  # build
@@ -39,7 +48,7 @@ def _loss_and_grads(kind, recompute, graph):
 
 
 @pytest.mark.parametrize("graph", [pytest.param(False, marks=pytest.mark.slow), True])
-@pytest.mark.parametrize("kind", ["conformer", "lstm"])
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_recomputed_blocks_give_the_same_loss_and_gradients(kind, graph):
     stored = _loss_and_grads(kind, recompute=False, graph=graph)
     recomputed = _loss_and_grads(kind, recompute=True, graph=graph)

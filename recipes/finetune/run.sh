@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Fine-tune a pretrained transducer (a NeMo .nemo or an asrkit experiment) on your data.
+#
+# Usage: recipes/finetune/run.sh (--nemo MODEL.nemo | --exp EXP) --data DIR [--work DIR]
+#          [--memory SIZE] [--device GPU:0] [--tokenizer keep|new] [--vocab N]
+#          [--parts TRAIN,DEV,TEST] [--config FILE] [--average N]
+#          [--stage N] [--stop-stage M] [--set key=value]...
+#   --data DIR   a LibriSpeech-layout corpus (--parts, default train-clean-100,dev-clean,
+#                test-clean) or a directory holding train.jsonl, dev.jsonl and test.jsonl
+#   --memory     plan the micro-batches for this device memory (e.g. 12GiB; asrkit plan)
+#   --tokenizer  keep (default: the model's own, every weight is reused) or new (a tokenizer
+#                of --vocab pieces trained on your transcripts: the output layers start fresh)
+#   --config     training settings over the pretrained model's (default conf/finetune.yaml)
+#   0  import the .nemo (or take the experiment) as <work>/pretrained
+#   1  manifests in <work>/data
+#   2  tokenizer
+#   3  features with the pretrained model's settings (shards/train, shards/dev)
+#   4  decode the test set with the pretrained model (WER before)
+#   5  plan the micro-batches for --memory (skipped without it)
+#   6  train --init-from the pretrained model
+#   7  average the last --average checkpoints, decode the test set (WER after), compare
+#   8  export a SavedModel (<work>/exp/saved_model)
+# Each finished stage leaves <work>/.done/<stage>; a rerun skips it (delete it to redo).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+stage=0; stop_stage=8; work=exp/finetune; nemo=; exp=; data=; memory=; device=
+tokenizer=keep; vocab=256; parts=train-clean-100,dev-clean,test-clean; average=2
+config="$here/conf/finetune.yaml"; sets=()
+absolute() { [[ $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
+while (( $# )); do
+  case "$1" in
+    --nemo) nemo=$(absolute "$2"); shift 2 ;;
+    --exp) exp=$(absolute "$2"); shift 2 ;;
+    --data) data=$(absolute "$2"); shift 2 ;;
+    --work) work=$2; shift 2 ;;
+    --memory) memory=$2; shift 2 ;;
+    --device) device=$2; shift 2 ;;
+    --tokenizer) tokenizer=$2; shift 2 ;;
+    --vocab) vocab=$2; shift 2 ;;
+    --parts) parts=$2; shift 2 ;;
+    --config) config=$(absolute "$2"); shift 2 ;;
+    --average) average=$2; shift 2 ;;
+    --stage) stage=$2; shift 2 ;;
+    --stop-stage) stop_stage=$2; shift 2 ;;
+    --set) sets+=(--set "$2"); shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+fail() { echo "run.sh: $*" >&2; exit 2; }
+[[ -n $nemo || -n $exp ]] || fail "give the pretrained model: --nemo MODEL.nemo or --exp EXP"
+[[ -n $nemo && -n $exp ]] && fail "--nemo and --exp both given: choose one"
+[[ -z $nemo || -f $nemo ]] || fail "--nemo $nemo: no such file"
+[[ -z $exp || -f $exp/config.yaml ]] || fail "--exp $exp: not an asrkit experiment (no config.yaml)"
+[[ -n $data ]] || fail "give the data: --data DIR (LibriSpeech layout or train/dev/test.jsonl)"
+[[ -d $data ]] || fail "--data $data: no such directory"
+[[ $tokenizer == keep || $tokenizer == new ]] || fail "--tokenizer $tokenizer: keep or new"
+[[ -f $config ]] || fail "--config $config: no such file"
+IFS=, read -r -a split <<< "$parts"
+(( ${#split[@]} == 3 )) || fail "--parts $parts: three parts, TRAIN,DEV,TEST"
+asrkit=${ASRKIT:-asrkit}
+caller=$PWD
+mkdir -p "$work/.done"; cd "$work"
+# shellcheck source=../lib/stages.sh
+source "$here/../lib/stages.sh"
+
+pretrained() {
+  rm -rf pretrained
+  if [[ -n $nemo ]]; then
+    "$asrkit" import nemo "$nemo" --exp-dir pretrained
+  else
+    ln -s "$exp" pretrained  # decoded and fine-tuned from as it is, never written to
+  fi
+}
+manifests() {
+  mkdir -p data
+  if [[ -f $data/train.jsonl ]]; then
+    local name
+    for name in train dev test; do
+      [[ -f $data/$name.jsonl ]] || fail "--data $data: has train.jsonl but no $name.jsonl"
+      # relative audio paths are relative to where run.sh was started (as for asrkit)
+      python3 - "$data/$name.jsonl" "$caller" > "data/$name.jsonl.partial" <<'PY'
+import json, os, sys
+for number, line in enumerate(open(sys.argv[1]), 1):
+    if line.strip():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            print(f"run.sh: {sys.argv[1]} line {number}: not a JSON object", file=sys.stderr)
+            sys.exit(2)
+        if isinstance(entry, dict) and "audio_path" in entry:  # the rest asrkit checks
+            entry["audio_path"] = os.path.join(sys.argv[2], str(entry["audio_path"]))
+        print(json.dumps(entry))
+PY
+      mv "data/$name.jsonl.partial" "data/$name.jsonl"
+    done
+  else
+    "$asrkit" prepare librispeech --root "$data" --parts "$parts" --out data.librispeech
+    local i name
+    for i in 0 1 2; do
+      name=$(echo train dev test | cut -d' ' -f$((i + 1)))
+      mv "data.librispeech/${split[$i]}.jsonl" "data/$name.jsonl"
+    done
+    rm -rf data.librispeech
+  fi
+}
+make_tokenizer() {
+  rm -rf tokenizer
+  if [[ $tokenizer == keep ]]; then
+    cp -r pretrained/tokenizer tokenizer
+  else
+    "$asrkit" tokenizer train --manifest data/train.jsonl --vocab-size "$vocab" \
+      --model-type unigram --out tokenizer
+  fi
+}
+features() {
+  local name
+  for name in train dev; do  # the test set is decoded from its manifest, by each model
+    "$asrkit" features extract --manifest "data/$name.jsonl" --tokenizer tokenizer \
+      --out "shards/$name" --shards 4 --config pretrained/config.yaml
+  done
+}
+finetune_config() {  # the pretrained model's config, the fine-tuning settings, the data
+  {
+    echo "base: pretrained/config.yaml"
+    grep -v '^base:' "$config"
+  } > finetune.yaml
+}
+data_sets() {  # the fine-tuning data; an asrkit experiment's own CMVN statistics stay
+  local cmvn=null; [[ -f pretrained/cmvn.json ]] && cmvn=pretrained/cmvn.json
+  echo --set data.train_shards=shards/train --set data.dev_shards=shards/dev \
+    --set data.tokenizer=tokenizer --set data.cmvn=$cmvn --set data.plan=null
+}
+wer() { grep -h "WER" "$1/report.txt" | head -n 1; }
+before() {
+  "$asrkit" decode --exp-dir pretrained --manifest data/test.jsonl --method greedy \
+    --out decode_before
+  log "before fine-tuning: $(wer decode_before)"
+}
+plan() {
+  finetune_config
+  local on=(); [[ -n $device ]] && on=(--device "$device")
+  # shellcheck disable=SC2046
+  "$asrkit" plan --config finetune.yaml --exp-dir exp --memory "$memory" "${on[@]}" \
+    $(data_sets) "${sets[@]}"
+}
+train() {
+  finetune_config
+  local planned=(); [[ -f exp/plan.json ]] && planned=(--plan exp/plan.json)
+  # shellcheck disable=SC2046
+  "$asrkit" train --config finetune.yaml --exp-dir exp --init-from pretrained "${planned[@]}" \
+    $(data_sets) "${sets[@]}"
+}
+after() {
+  local have
+  have=$(find exp/checkpoints -maxdepth 1 -name 'ckpt-*' | wc -l)
+  (( have < average )) && average=$have
+  "$asrkit" decode --exp-dir exp --manifest data/test.jsonl --average "$average" --method greedy \
+    --out exp/decode_after
+  log "before fine-tuning: $(wer decode_before)"
+  log "after fine-tuning:  $(wer exp/decode_after)"
+}
+export_model() {
+  local have
+  have=$(find exp/checkpoints -maxdepth 1 -name 'ckpt-*' | wc -l)
+  (( have < average )) && average=$have
+  rm -rf exp/saved_model
+  "$asrkit" export --exp-dir exp --average "$average" --out exp/saved_model
+}
+
+run_stage 0 pretrained pretrained
+run_stage 1 manifests manifests
+run_stage 2 tokenizer make_tokenizer
+run_stage 3 features features
+run_stage 4 before before
+if [[ -n $memory ]]; then run_stage 5 plan plan; fi
+run_stage 6 train train
+run_stage 7 after after
+run_stage 8 export export_model
