@@ -142,7 +142,8 @@ def test_finetune_recipe_imports_plans_trains_and_compares_on_a_tiny_corpus(tmp_
     assert before["utterances"] == after["utterances"] == 2
     assert "before fine-tuning: data/test.jsonl" in first.stdout
     assert "after fine-tuning:  data/test.jsonl" in first.stdout
-    assert "initialised 98 variables from pretrained" in first.stdout  # every weight reused
+    assert "initialised" in first.stdout  # every weight reused, none left fresh:
+    assert "not loaded" not in first.stdout and "left fresh" not in first.stdout
     assert json.loads((work / "exp/plan.json").read_text())["budget_bytes"] == 2 * 2**30
     assert (work / "exp/saved_model/saved_model.pb").is_file()
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)

@@ -139,7 +139,7 @@ def by_length(args) -> None:
                                                  int(points[min(points)]), None, fixed,
                                                  slope)))  # fmt: skip
     target = config.train.effective_batch_seconds or 2000.0
-    print(f"\n| GPU | " + " | ".join(f"{s:g} s utterances" for s, _ in lines) + " |")
+    print("\n| GPU | " + " | ".join(f"{s:g} s utterances" for s, _ in lines) + " |")
     print("|---" * (len(lines) + 1) + "|")
     for gb in args.gpus:
         budget = int(gb * 1e9)

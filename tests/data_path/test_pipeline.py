@@ -190,8 +190,12 @@ def test_too_few_frames_for_the_tokens_are_filtered_and_counted(tmp_path):
     from asrkit.config import EncoderConfig
     from asrkit.errors import InputError
 
-    fast = EncoderConfig(kind="nemo_conformer", subsampling="dw_striding", subsampling_factor=8,
-                         conv_norm="frozen_batch")
+    fast = EncoderConfig(
+        kind="nemo_conformer",
+        subsampling="dw_striding",
+        subsampling_factor=8,
+        conv_norm="frozen_batch",
+    )
     with pytest.raises(InputError, match=r"shards/x: none of its 2 utterance\(s\).*80 ms"):
         index_shards([str(path)], fast, "shards/x")
 
