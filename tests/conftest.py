@@ -28,7 +28,9 @@ def golden():
 @pytest.fixture(scope="session")
 def mirrored():
     """One MirroredStrategy over the two logical CPUs for the whole session: separate
-    instances in one process can collide on collective instance keys."""
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+    instances in one process collide on collective instance keys."""
+    from asrkit.training.trainer import mirrored_strategy
+
+    devices = tuple(d.name for d in tf.config.list_logical_devices("CPU"))
     assert len(devices) == 2, "two logical CPUs are configured above"
-    return tf.distribute.MirroredStrategy(devices)
+    return mirrored_strategy(devices)  # the instance `train(strategy: mirrored)` uses

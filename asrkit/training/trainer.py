@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import shutil
 import signal
@@ -94,11 +95,22 @@ def resolve_strategy(name: str) -> tf.distribute.Strategy:
         # more, as the tests do to emulate several devices).
         gpus = tf.config.list_logical_devices("GPU")
         devices = gpus or tf.config.list_logical_devices("CPU")
-        return tf.distribute.MirroredStrategy([d.name for d in devices])
+        return mirrored_strategy(tuple(d.name for d in devices))
     if name == "multiworker":
         return tf.distribute.MultiWorkerMirroredStrategy()
     gpus = tf.config.list_logical_devices("GPU")
-    return tf.distribute.MirroredStrategy() if len(gpus) > 1 else tf.distribute.get_strategy()
+    if len(gpus) > 1:
+        return mirrored_strategy(tuple(d.name for d in gpus))
+    return tf.distribute.get_strategy()
+
+
+@functools.cache
+def mirrored_strategy(devices: tuple[str, ...]) -> tf.distribute.MirroredStrategy:
+    """One MirroredStrategy per set of devices for the whole process: a second instance
+    numbers its collective operations from the same start, and its all-reduces then meet
+    the first one's ("shape mismatch in the collective instance"), e.g. when a process
+    trains twice."""
+    return tf.distribute.MirroredStrategy(list(devices))
 
 
 def accumulation_steps(
