@@ -60,6 +60,11 @@ class PlanSummary:
     updates_per_epoch: int
 
 
+def check_margin(margin: float) -> None:
+    if not 0 <= margin < 1:
+        raise UserError(f"the safety margin must be in [0, 1), got {margin}")
+
+
 def probe_buckets(config: ExperimentConfig, frames, tokens) -> list[ProbeBucket]:
     """The training config's length buckets, each with its worst shape."""
     frames, tokens = np.asarray(frames), np.asarray(tokens)
@@ -138,8 +143,7 @@ def plan_memory(
     `baseline`) and returns the plan; `BudgetTooSmall` names a bucket that cannot fit.
     A micro-batch never holds more than a bucket's utterances, nor more audio than
     `train.effective_batch_seconds` (one update)."""
-    if not 0 <= margin < 1:
-        raise UserError(f"the safety margin must be in [0, 1), got {margin}")
+    check_margin(margin)
     usable = int(budget * (1 - margin))
     step = pipeline_config(config).frame_step_seconds
     if meter.baseline > usable:
@@ -253,8 +257,7 @@ def plan_training(
         )
     if budget is None:
         budget = device_capacity(device)
-    if not 0 <= margin < 1:
-        raise UserError(f"the safety margin must be in [0, 1), got {margin}")
+    check_margin(margin)
     tokenizer = Tokenizer.load(config.data.tokenizer)
     state = training_state(config, tokenizer.vocab_size)  # before any data is read
     log(f"training state: {state.describe()}")

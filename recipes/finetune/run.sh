@@ -152,21 +152,22 @@ train() {
   "$asrkit" train --config finetune.yaml --exp-dir exp --init-from pretrained "${planned[@]}" \
     $(data_sets) "${sets[@]}"
 }
-after() {
+averaged() {  # --average, or every checkpoint when training wrote fewer
   local have
   have=$(find exp/checkpoints -maxdepth 1 -name 'ckpt-*' | wc -l)
-  (( have < average )) && average=$have
-  "$asrkit" decode --exp-dir exp --manifest data/test.jsonl --average "$average" --method greedy \
+  echo $(( have < average ? have : average ))
+}
+after() {
+  local last; last=$(averaged)
+  "$asrkit" decode --exp-dir exp --manifest data/test.jsonl --average "$last" --method greedy \
     --out exp/decode_after
   log "before fine-tuning: $(wer decode_before)"
   log "after fine-tuning:  $(wer exp/decode_after)"
 }
 export_model() {
-  local have
-  have=$(find exp/checkpoints -maxdepth 1 -name 'ckpt-*' | wc -l)
-  (( have < average )) && average=$have
+  local last; last=$(averaged)
   rm -rf exp/saved_model
-  "$asrkit" export --exp-dir exp --average "$average" --out exp/saved_model
+  "$asrkit" export --exp-dir exp --average "$last" --out exp/saved_model
 }
 
 run_stage 0 pretrained pretrained
