@@ -164,7 +164,7 @@ MODELS = {
 DURATIONS = [0, 1, 2, 3, 4]
 
 
-def _rnnt_loss(logits, targets, input_lengths, target_lengths):
+def rnnt_loss(logits, targets, input_lengths, target_lengths):
     """Per-utterance RNN-T losses of logits [B, T, U+1, V+1] (blank last), by the forward
     recursion one label row at a time: along t each row is a linear recurrence in log
     space, alpha[t, u] = C[t] + logcumsumexp_s(e[s] - C[s]) with C the cumulative blank
@@ -208,7 +208,7 @@ def _overfit(model, batch, lengths, targets, target_lengths, steps: int = 400) -
             model.joint.project_encoder(encoded.transpose(1, 2)),
             model.joint.project_prednet(predicted.transpose(1, 2)),
         )
-        loss = _rnnt_loss(joint[..., : vocab + 1], targets, encoded_lengths,
+        loss = rnnt_loss(joint[..., : vocab + 1], targets, encoded_lengths,
                           target_lengths).mean()  # fmt: skip
         optimizer.zero_grad()
         loss.backward()
@@ -333,7 +333,7 @@ def models(out: Path) -> None:
                 log_probs=joint[..., : vocab + 1], targets=torch.from_numpy(targets),
                 input_lengths=encoded_lengths, target_lengths=torch.from_numpy(target_lengths),
             )  # fmt: skip
-            mine = _rnnt_loss(joint[..., : vocab + 1], torch.from_numpy(targets), encoded_lengths,
+            mine = rnnt_loss(joint[..., : vocab + 1], torch.from_numpy(targets), encoded_lengths,
                               torch.from_numpy(target_lengths))  # fmt: skip
             assert torch.allclose(mine, losses, rtol=1e-3), (mine, losses)  # the training loss
             hyps = model.decoding.rnnt_decoder_predictions_tensor(
