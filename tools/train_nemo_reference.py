@@ -247,6 +247,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200)
     args = parser.parse_args()
     if args.nemo_python:  # start again under it, without the flag
+        if not os.access(args.nemo_python, os.X_OK):
+            print(f"train_nemo_reference.py: --nemo-python {args.nemo_python}: not an "
+                  "executable Python", file=sys.stderr)  # fmt: skip
+            sys.exit(2)
         argv = sys.argv[1:]
         i = next(i for i, a in enumerate(argv) if a.startswith("--nemo-python"))
         argv = argv[:i] + argv[i + (1 if "=" in argv[i] else 2) :]
