@@ -25,6 +25,10 @@ CPU minutes on the clips' transcripts, saved with NeMo's `save_to`, then restore
 archive: their encoder frames, predictor states, joint log-probs at sampled cells, RNN-T
 losses and greedy_batch tokens and frames on the clips.
 
+Beam searches (`beams.json`): NeMo's batched beam searches on the committed `rnnt.nemo`
+and `tdt.nemo` (malsd_batch, beam 4, unnormalised scores): each clip's best tokens, frames
+and score. Written from the archives alone (`--parts beams`), so the other fixtures stay.
+
 TDT losses (`tdt_losses.npz`): NeMo's PyTorch reference TDT loss and its gradient on random
 logits (its `.cuda()` calls made no-ops in this script only).
 """
@@ -365,6 +369,51 @@ def models(out: Path) -> None:
     ) + "\n")  # fmt: skip
 
 
+BEAM = 4
+
+
+def beams(out: Path) -> None:
+    """NeMo's malsd_batch beam search (beam BEAM, scores not length-normalised) on the
+    committed archives, restored as NeMo restores them: the best hypothesis of each clip."""
+    import numpy as np
+    import soundfile
+    import torch
+    from nemo.collections.asr.models import EncDecRNNTBPEModel
+    from omegaconf import OmegaConf, open_dict
+
+    waves = [soundfile.read(p, dtype="float32")[0] for p in CLIPS]
+    lengths = np.array([len(w) for w in waves])
+    batch = np.zeros((len(waves), lengths.max()), np.float32)
+    for i, w in enumerate(waves):
+        batch[i, : len(w)] = w
+    summary = {"beam": BEAM}
+    for name in MODELS:
+        model = EncDecRNNTBPEModel.restore_from(str(out / f"{name}.nemo"), map_location="cpu")
+        model.eval()
+        decoding = OmegaConf.to_container(model.cfg.decoding, resolve=True)
+        decoding.update(strategy="malsd_batch")
+        decoding["beam"] = dict(beam_size=BEAM, score_norm=False, return_best_hypothesis=True,
+                                max_symbols=decoding["greedy"]["max_symbols"],
+                                allow_cuda_graphs=False)  # fmt: skip
+        cfg = OmegaConf.create(decoding)
+        with open_dict(cfg):
+            model.change_decoding_strategy(cfg, verbose=False)
+        with torch.no_grad():
+            feats, feat_lengths = model.preprocessor(
+                input_signal=torch.from_numpy(batch), length=torch.from_numpy(lengths)
+            )
+            encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
+            hyps = model.decoding.rnnt_decoder_predictions_tensor(
+                encoder_output=encoded, encoded_lengths=encoded_lengths, return_hypotheses=True
+            )
+        summary[name] = {
+            "tokens": [[int(t) for t in h.y_sequence] for h in hyps],
+            "frames": [[int(t) for t in h.timestamp] for h in hyps],
+            "scores": [float(h.score) for h in hyps],
+        }
+    (out / "beams.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
 TDT_CASES = {
     # name: (batch, frames, labels, vocab incl. blank, durations, sigma)
     "small": (2, 6, 3, 5, [0, 1, 2], 0.0),
@@ -404,16 +453,21 @@ def tdt_losses(out: Path) -> None:
     np.savez_compressed(out / "tdt_losses.npz", **arrays)
 
 
+PARTS = {"features": features, "attention": attention, "encoders": encoders, "models": models,
+         "beams": beams, "tdt_losses": tdt_losses}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests/data/nemo")
+    parser.add_argument(
+        "--parts", nargs="+", choices=sorted(PARTS), default=list(PARTS),
+        help="which fixtures to write (beams reads the committed archives)",
+    )  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    features(args.out)
-    attention(args.out)
-    encoders(args.out)
-    models(args.out)
-    tdt_losses(args.out)
+    for part in args.parts:
+        PARTS[part](args.out)
     print(f"wrote {sorted(p.name for p in args.out.iterdir())}")
 
 

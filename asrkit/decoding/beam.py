@@ -92,7 +92,7 @@ def beam_continue(
 
     def frame_body(t, entering):
         not_done = tf.zeros_like(entering.counts, tf.bool)
-        scores = _merge(entering.scores, entering.hashes, entering.counts, not_done, slot)
+        scores = merge_equal(entering.scores, [entering.hashes, entering.counts, not_done], slot)
         beams = entering._replace(scores=scores)
         done = tf.tile(~(t < encoder_lengths)[:, None], [1, tf.size(slot)])  # past the end
         frame = tf.repeat(encoded[:, t, :], tf.size(slot), axis=0)  # [B·K, D]
@@ -106,7 +106,7 @@ def beam_continue(
             round_body,
             [0, done, beams],
         )
-        return t + 1, _same_shapes(beams, entering)
+        return t + 1, same_shapes(beams, entering)
 
     _, beams = tf.while_loop(lambda t, _: t < num_frames, frame_body, [0, beams])
     return beams
@@ -147,33 +147,43 @@ def _expand(model, frame, t, last_round, done, beams: Beams, slot):
     log_probs = tf.nn.log_softmax(tf.cast(model.join(frame, beams.pred_out), tf.float32))
     vocab = tf.shape(log_probs)[-1]
     log_probs = tf.reshape(log_probs, [batch, k, vocab])
-    extend = beams.scores[:, :, None] + log_probs
-    extend = tf.where(done[:, :, None], DEAD_SCORE, extend)
+    extended = beams.scores[:, :, None] + log_probs
+    extended = tf.where(done[:, :, None], DEAD_SCORE, extended)
     stay = tf.where(done, beams.scores, DEAD_SCORE)[:, :, None]
-    candidates = tf.reshape(tf.concat([stay, extend], axis=2), [batch, k * (vocab + 1)])
+    candidates = tf.reshape(tf.concat([stay, extended], axis=2), [batch, k * (vocab + 1)])
     top_scores, top = tf.math.top_k(candidates, k=k)  # ties: the lower index first
     parent, column = top // (vocab + 1), top % (vocab + 1)
     symbol = column - 1  # column 0: stay, 1 + v: symbol v
     emit = tf.logical_and(column > 0, symbol != BLANK_ID)
     new_done = tf.ensure_shape(tf.logical_or(column <= 1, last_round), done.shape)
 
-    counts_p = tf.gather(beams.counts, parent, batch_dims=1)
-    capacity = tf.shape(beams.tokens)[2]
-    write = tf.logical_and(tf.one_hot(counts_p, capacity, True, False), emit[..., None])
-    tokens = tf.where(write, symbol[..., None], tf.gather(beams.tokens, parent, batch_dims=1))
-    frames = tf.where(write, t, tf.gather(beams.frames, parent, batch_dims=1))
     symbol_log_prob = tf.gather(
         tf.gather(log_probs, parent, batch_dims=1), tf.maximum(symbol, 0), batch_dims=2
     )
+    new = extend(model, beams, parent, symbol, emit, t, symbol_log_prob)
+    new = new._replace(scores=merge_equal(top_scores, [new.hashes, new.counts, new_done], slot))
+    return new_done, same_shapes(new, beams)
+
+
+def extend(model, beams: Beams, parent, symbol, emit, t, symbol_log_prob) -> Beams:
+    """The hypotheses chosen by one expansion: [B, K] `parent` slots, each extended by
+    `symbol` where `emit` (written at encoder frame `t`, a scalar or [B, K], with its
+    `symbol_log_prob`) or kept as it was; the predictor advanced where a token was
+    appended. Scores are left to the caller."""
+    counts_p = tf.gather(beams.counts, parent, batch_dims=1)
+    capacity = tf.shape(beams.tokens)[2]
+    write = tf.logical_and(tf.one_hot(counts_p, capacity, True, False), emit[..., None])
+    t = tf.convert_to_tensor(t)
+    at = t if t.shape.rank == 0 else t[..., None]
+    tokens = tf.where(write, symbol[..., None], tf.gather(beams.tokens, parent, batch_dims=1))
+    frames = tf.where(write, at, tf.gather(beams.frames, parent, batch_dims=1))
     token_log_probs = tf.where(
         write, symbol_log_prob[..., None], tf.gather(beams.log_probs, parent, batch_dims=1)
     )
-    counts = counts_p + tf.cast(emit, tf.int32)
     hashes_p = tf.gather(beams.hashes, parent, batch_dims=1)
     extended = (hashes_p * _HASH_MULTIPLIER + tf.cast(symbol, tf.int64) + 1) % _HASH_MODULUS
-    hashes = tf.where(emit, extended, hashes_p)
-    scores = _merge(top_scores, hashes, counts, new_done, slot)
 
+    batch, k = tf.shape(parent)[0], tf.shape(parent)[1]
     rows = tf.reshape(parent + (tf.range(batch) * k)[:, None], [-1])
     flat_emit = tf.reshape(emit, [-1, 1])
     kept_out = tf.gather(beams.pred_out, rows)
@@ -182,33 +192,31 @@ def _expand(model, frame, t, last_round, done, beams: Beams, slot):
         tf.where(tf.reshape(emit, [-1]), tf.reshape(symbol, [-1]), BLANK_ID), kept_state
     )
     pick = lambda new, old: tf.where(flat_emit, new, old)  # noqa: E731
-    new = Beams(
+    return Beams(
         pred_out=pick(stepped_out, kept_out),
         state=tf.nest.map_structure(pick, stepped_state, kept_state),
         tokens=tokens,
         frames=frames,
         log_probs=token_log_probs,
-        counts=counts,
-        scores=scores,
-        hashes=hashes,
+        counts=counts_p + tf.cast(emit, tf.int32),
+        scores=tf.gather(beams.scores, parent, batch_dims=1),
+        hashes=tf.where(emit, extended, hashes_p),
     )
-    return new_done, _same_shapes(new, beams)
 
 
-def _same_shapes(new: Beams, old: Beams) -> Beams:
+def same_shapes(new: Beams, old: Beams) -> Beams:
     """The static shapes the loop variables entered with (dynamic ops lose what tracing
     knew, and tf.while_loop rejects a loop variable whose shape loosens)."""
     return tf.nest.map_structure(lambda n, o: tf.ensure_shape(n, o.shape), new, old)
 
 
-def _merge(scores, hashes, counts, done, slot):
-    """[B, K] scores -> the same with each group of equal (sequence, finished) hypotheses
-    log-summed into its first (best) member and the others set to `DEAD_SCORE`."""
-    same = (
-        (hashes[:, :, None] == hashes[:, None, :])
-        & (counts[:, :, None] == counts[:, None, :])
-        & (done[:, :, None] == done[:, None, :])
-    )  # [B, K, K]
+def merge_equal(scores, keys, slot):
+    """[B, K] scores -> the same with each group of hypotheses equal in every [B, K] key
+    (a sequence's hash and length, and whatever else makes two hypotheses one search
+    state) log-summed into its first member and the others set to `DEAD_SCORE`."""
+    same = tf.ones_like(scores[:, :, None] < scores[:, None, :], tf.bool)
+    for key in keys:
+        same &= key[:, :, None] == key[:, None, :]  # [B, K, K]
     first = tf.reduce_min(tf.where(same, slot[None, None, :], tf.size(slot)), axis=-1)
     merged = tf.reduce_logsumexp(tf.where(same, scores[:, None, :], DEAD_SCORE), axis=-1)
     return tf.where(first == slot, merged, DEAD_SCORE)

@@ -1,8 +1,9 @@
 """One front for every search: options, typed results, compiled per (model, options).
 
-`decode_batch` encodes a padded feature batch and runs greedy or modified beam search in
-one compiled graph; greedy and beam return the same `Hypothesis`. `decode_nbest` returns
-each utterance's n-best list (beam search: the beam, best first; greedy: one).
+`decode_batch` encodes a padded feature batch and runs greedy or beam search (modified beam
+search; for TDT models, their own greedy and beam searches) in one compiled graph; greedy
+and beam return the same `Hypothesis`. `decode_nbest` returns each utterance's n-best list
+(beam search: the beam, best first; greedy: one).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from asrkit.config import DecodeConfig
 from asrkit.decoding.beam import beam_search, live_slots
 from asrkit.decoding.found import Found
 from asrkit.decoding.greedy import greedy_search
+from asrkit.decoding.tdt_beam import tdt_beam_search
 from asrkit.decoding.tdt_greedy import tdt_greedy_search
-from asrkit.errors import InputError
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
 
@@ -120,8 +121,11 @@ def beam_decode(
 def search(model, encoded, encoder_lengths, options: DecodeOptions) -> Found:
     """Each row's hypotheses as graph tensors, best first: `Found` with a K axis
     ([B, K, N] tokens, [B, K] counts and scores; K = the beam, or 1 for greedy)."""
+    if model.joint.durations and options.method == "beam":
+        return tdt_beam_search(
+            model, encoded, encoder_lengths, options.beam, options.max_symbols_per_step
+        )
     if model.joint.durations:
-        check_search(model, options)
         found = tdt_greedy_search(model, encoded, encoder_lengths, options.max_symbols_per_step)
         return Found(*(x[:, None] for x in found))
     if options.method == "beam":
@@ -132,19 +136,12 @@ def search(model, encoded, encoder_lengths, options: DecodeOptions) -> Found:
     return Found(*(x[:, None] for x in found))
 
 
-def check_search(model, options: DecodeOptions) -> None:
-    """The searches a model has: TDT models (model.durations) decode greedily only."""
-    if model.joint.durations and options.method == "beam":
-        raise InputError("beam search is not available for TDT models yet: use --method greedy")
-
-
 def describe(options: DecodeOptions) -> str:
     name = f"beam search, beam {options.beam}" if options.method == "beam" else "greedy search"
     return f"{name}, at most {options.max_symbols_per_step} symbol(s) per encoder frame"
 
 
 def _compiled(model, options: DecodeOptions):
-    check_search(model, options)  # before tracing: an error inside a trace is wrapped
     cache = model.__dict__.setdefault("_asrkit_search", {})
     if options not in cache:
 

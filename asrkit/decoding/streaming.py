@@ -12,9 +12,10 @@ partial chunk), finds exactly the tokens (and frames) greedy search finds on the
 waveform (tested). With `beam` > 1 the state carries modified beam search's hypotheses
 instead, and the stream ends with exactly the hypotheses beam search keeps on the whole
 waveform (tested); its text so far is the best hypothesis so far, which a later frame can
-revise. That needs an encoder that streams: the LSTM encoder (causal), or a
-Conformer trained with chunks (`model.encoder.chunk_frames`); a full-context Conformer
-attends to the whole utterance.
+revise. A TDT model streams with its greedy search: a duration that jumps past the frames
+encoded so far goes on into the next piece's. That needs an encoder that streams: the LSTM
+encoder (causal), or a Conformer trained with chunks (`model.encoder.chunk_frames`); a
+full-context Conformer attends to the whole utterance.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import tensorflow as tf
 from asrkit.config import DecodeConfig, FeatureConfig
 from asrkit.decoding.beam import Beams, beam_continue, beam_found, beam_start
 from asrkit.decoding.greedy import greedy_continue, greedy_start
+from asrkit.decoding.tdt_greedy import tdt_greedy_continue, tdt_greedy_start
 from asrkit.decoding.words import SUBSAMPLING
 from asrkit.errors import UserError
 from asrkit.features import encoder_frames, log_mel, num_frames
@@ -37,7 +39,8 @@ class StreamState(NamedTuple):
     samples: tf.Tensor  # [S] float32, S < frame_length: waveform not yet in a feature frame
     features: tf.Tensor  # [F, mel]: normalised frames from 4 × `frames` on
     encoder: list  # the encoder's recurrent state, [batch 1]
-    # greedy: (predictor output, predictor state), [batch 1]; beam: `Beams` of one stream
+    # greedy: (predictor output, predictor state[, TDT: frames to skip]), [batch 1];
+    # beam: `Beams` of one stream
     carry: tuple
     frames: tf.Tensor  # scalar int32: encoder frames decoded so far
     tokens: tf.Tensor  # [N] int32: every token so far (beam: of the best hypothesis)
@@ -65,10 +68,11 @@ class StreamingDecoder:
                 "Conformer trained with model.encoder.chunk_frames > 0; this model's "
                 f"{type(network.encoder).__name__} attends to the whole utterance"
             )
-        if network.joint.durations:
+        if network.joint.durations and int(beam) > 1:
             raise UserError(
-                "streaming a TDT model (model.durations) is not available yet: decode or "
-                "transcribe it whole"
+                "a TDT model (model.durations) streams with greedy search only (its beam "
+                "search moves hypotheses through frames at their own pace): stream with "
+                "beam 1, or decode the whole waveform with beam search"
             )
         self.network, self.features, self.normalize = network, features, normalize
         self.max_symbols_per_step, self.beam = max_symbols_per_step, int(beam)
@@ -82,15 +86,20 @@ class StreamingDecoder:
             samples=tf.zeros([0], tf.float32),
             features=tf.zeros([0, self.features.num_mel_bins], tf.float32),
             encoder=self.network.encoder.initial_stream_state(1),
-            carry=greedy_start(self.network, 1)
-            if self.beam == 1
-            else beam_start(self.network, 1, self.beam),
+            carry=self._start(),
             frames=tf.constant(0, tf.int32),
             tokens=tf.zeros([0], tf.int32),
             token_frames=tf.zeros([0], tf.int32),
             token_log_probs=tf.zeros([0], tf.float32),
             score=tf.constant(0.0),
         )
+
+    def _start(self):
+        if self.beam > 1:
+            return beam_start(self.network, 1, self.beam)
+        if self.network.joint.durations:
+            return tdt_greedy_start(self.network, 1)
+        return greedy_start(self.network, 1)
 
     def step(self, samples, state: StreamState) -> StreamStep:
         """samples [n] float32 (any n, 0 included) -> the tokens they complete."""
@@ -127,7 +136,8 @@ class StreamingDecoder:
         ready = tf.shape(encoded)[1]
         if self.beam > 1:
             return self._beam_search(encoded, ready, state)
-        found, carry = greedy_continue(
+        search = tdt_greedy_continue if self.network.joint.durations else greedy_continue
+        found, carry = search(
             self.network, encoded, ready[None], state.carry, self.max_symbols_per_step,
             first_frame=state.frames,
         )  # fmt: skip

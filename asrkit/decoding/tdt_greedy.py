@@ -25,12 +25,33 @@ SYMBOLS = DecodeConfig.max_symbols_per_step
 def tdt_greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = SYMBOLS):
     """encoded [B, T, D] -> `Found` (tokens, frames, token log-probs [B, T·S], counts [B],
     scores [B]: the sum of the chosen symbols' and durations' log-probs)."""
+    carry = tdt_greedy_start(model, tf.shape(encoded)[0])
+    found, _ = tdt_greedy_continue(model, encoded, encoder_lengths, carry, max_symbols_per_step)
+    return found
+
+
+def tdt_greedy_start(model, batch):
+    """The search's carry before any frame: (predictor output, predictor state) after
+    blank, and the frame each row goes on from (0)."""
+    predictor = model.predictor
+    pred_out, state = predictor.step(tf.fill([batch], BLANK_ID), predictor.initial_state(batch))
+    return pred_out, state, tf.zeros([batch], tf.int32)
+
+
+def tdt_greedy_continue(
+    model, encoded, encoder_lengths, carry, max_symbols_per_step: int = SYMBOLS, first_frame=0
+):
+    """The search over `encoded` from a carry (`tdt_greedy_start`, or what an earlier call
+    on the frames before returned) -> (`Found`, the carry after these frames). A row whose
+    last duration jumps past these frames goes on that many frames into the next call's,
+    so a stream decoded piece by piece finds what one call on the whole utterance finds;
+    token frames count from `first_frame` (scores are per call)."""
     predictor, joint = model.predictor, model.joint
     durations = tf.constant(list(model.config.durations), tf.int32)
     batch, frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
     lengths = tf.cast(encoder_lengths, tf.int32)
     capacity = frames * max_symbols_per_step
-    pred_out, state = predictor.step(tf.fill([batch], BLANK_ID), predictor.initial_state(batch))
+    pred_out, state, start = carry
 
     def cond(t, *_):
         return tf.reduce_any(t < lengths)
@@ -48,7 +69,7 @@ def tdt_greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int
         emit = active & (best != BLANK_ID)
         skip = tf.where((best == BLANK_ID) & (skip == 0), 1, skip)
         tokens, token_frames, log_ps, counts = record_emissions(
-            emit, best, t, best_log_prob, tokens, token_frames, log_ps, counts
+            emit, best, t + first_frame, best_log_prob, tokens, token_frames, log_ps, counts
         )
         run = tf.where(emit, tf.where(last == t, run + 1, 1), run)
         last = tf.where(emit, t, last)
@@ -57,11 +78,12 @@ def tdt_greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int
         t = tf.where(active, t + skip + tf.cast(forced, tf.int32), t)
         return t, pred_out, state, run, last, tokens, token_frames, log_ps, counts, scores
 
-    start = [
-        tf.zeros([batch], tf.int32), pred_out, state, tf.zeros([batch], tf.int32),
+    loop = [
+        start, pred_out, state, tf.zeros([batch], tf.int32),
         tf.fill([batch], -1), tf.fill([batch, capacity], -1), tf.fill([batch, capacity], -1),
         tf.zeros([batch, capacity], tf.float32), tf.zeros([batch], tf.int32),
         tf.zeros([batch], tf.float32),
     ]  # fmt: skip
-    result = tf.while_loop(cond, body, start)
-    return Found(*result[5:])
+    result = tf.while_loop(cond, body, loop)
+    # a row leaves these frames once it is past them: it goes on in the next call's frames
+    return Found(*result[5:]), (result[1], result[2], tf.maximum(result[0] - lengths, 0))

@@ -165,3 +165,60 @@ def test_a_conformer_cannot_stream():
     )
     with pytest.raises(UserError, match="chunk_frames"):
         StreamingDecoder(Transducer(9, config), FEATURES)
+
+
+@pytest.fixture(
+    scope="module",
+    params=["lstm", pytest.param("conformer, 1 chunk back", marks=pytest.mark.slow)],
+)
+def tdt_network(request, clip, normalize):
+    """A TDT network whose durations favour jumps of 2-4 frames, with some blanks."""
+    keras.utils.set_random_seed(6)
+    config = dataclasses.replace(
+        tiny_model_config(units=16), encoder=ENCODERS[request.param], durations=(0, 1, 2, 3, 4)
+    )
+    network = Transducer(9, config)
+    network.build_from_features(FEATURES.num_mel_bins)
+    features = normalize(log_mel(clip, FEATURES))[None]
+    encoded, _ = network.encode(features, tf.shape(features)[1][None])
+    start, _ = greedy_start(network, 1)
+    logits = network.join(encoded[0], start).numpy()
+    kernel, bias = network.joint.output_layer.get_weights()
+    bias[0] += np.median(logits[:, 1:].max(axis=-1) - logits[:, 0])
+    network.joint.output_layer.set_weights([kernel, bias])
+    kernel, bias = network.joint.duration_layer.get_weights()
+    network.joint.duration_layer.set_weights([kernel, bias + np.array([0.0, 0.5, 1.0, 1.0, 1.0])])
+    return network
+
+
+def test_a_tdt_stream_finds_the_whole_waveforms_tokens(tdt_network, clip, normalize):
+    from asrkit.decoding.tdt_greedy import tdt_greedy_search
+
+    features = normalize(log_mel(clip, FEATURES))[None]
+    encoded, lengths = tdt_network.encode(features, tf.shape(features)[1][None])
+    found = tdt_greedy_search(tdt_network, encoded, lengths)
+    count = int(found.counts[0])
+    want_tokens, want_frames = found.tokens[0, :count].numpy(), found.frames[0, :count].numpy()
+    assert count > 10 and np.diff(want_frames).max() >= 2  # tokens, and jumps between them
+    decoder = StreamingDecoder(tdt_network, FEATURES, normalize)
+    rng = np.random.default_rng(4)
+    sizes = [*rng.choice([0, 1, 159, 160, 400, 401, 1234, 4000], size=60), len(clip)]
+    state, start, jumped = decoder.initial_state(), 0, 0
+    tokens, frames = [], []
+    for size in sizes:
+        step = decoder.step(clip[start : start + size], state)
+        tokens += step.tokens.numpy().tolist()
+        frames += step.token_frames.numpy().tolist()
+        state, start = step.state, start + size
+        jumped += int(state.carry[2][0]) > 0  # a duration reached into the next piece
+    last = decoder.finish(state)
+    tokens += last.tokens.numpy().tolist()
+    frames += last.token_frames.numpy().tolist()
+    np.testing.assert_array_equal(tokens, want_tokens)
+    np.testing.assert_array_equal(frames, want_frames)
+    assert jumped > 3, jumped
+
+
+def test_a_tdt_model_streams_greedily_only(tdt_network):
+    with pytest.raises(UserError, match="greedy search only"):
+        StreamingDecoder(tdt_network, FEATURES, beam=4)
