@@ -170,7 +170,11 @@ def _rnnt_loss_with_grad(logits, labels, logit_lengths, label_lengths, blank, fu
         saved = _forward(x, labels, logit_lengths, label_lengths, blank, fused, delay)
 
         def grad(upstream):
-            return _backward(x, upstream, saved, blank, fused)
+            # Fresh copies made in the gradient's own graph: inside a tf.cond branch (the
+            # TDT loss' omega draw) the compiled backward cannot capture the forward
+            # branch's tensors itself ("Could not find external tensor capture").
+            here = tf.nest.map_structure(lambda t: None if t is None else tf.identity(t), saved)
+            return _backward(tf.identity(x), upstream, here, blank, fused)
 
         return -saved.log_prob, grad
 

@@ -234,6 +234,42 @@ def test_low_precision_logits_are_upcast(dtype):
     np.testing.assert_allclose(tf.cast(grad, tf.float32).numpy(), want_grad, atol=tol)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_gradient_inside_a_tf_cond_is_the_gradient_outside(fused):
+    """A TDT loss with omega picks the RNN-T loss in a tf.cond: the gradient through
+    either branch equals the loss's own gradient (and does not fail to trace)."""
+    from asrkit.losses import tdt_loss
+
+    rng = np.random.default_rng(3)
+    logits = tf.constant(rng.standard_normal((2, 6, 4, 5)), tf.float32)
+    durations = tf.constant(rng.standard_normal((2, 6, 4, 3)), tf.float32)
+    labels = tf.constant(rng.integers(1, 5, (2, 3)), tf.int32)
+    lengths, label_lengths = tf.constant([6, 4]), tf.constant([3, 2])
+
+    def rnnt(x):
+        x = x if fused else tf.nn.log_softmax(x)
+        return rnnt_loss(x, labels, lengths, label_lengths, fused_log_softmax=fused)
+
+    @tf.function
+    def gradients(pick_rnnt):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(logits)
+            chosen = tf.cond(
+                pick_rnnt,
+                lambda: rnnt(logits),
+                lambda: tdt_loss(logits, durations, labels, lengths, label_lengths, (0, 1, 2), 0),
+            )
+            alone = rnnt(logits)
+        return tape.gradient(chosen, logits), tape.gradient(alone, logits)
+
+    inside, outside = gradients(tf.constant(True))
+    np.testing.assert_allclose(inside.numpy(), outside.numpy(), rtol=1e-6, atol=1e-7)
+    assert np.abs(outside.numpy()).max() > 1e-3
+    tdt_inside, _ = gradients(tf.constant(False))
+    assert np.isfinite(tdt_inside.numpy()).all()
+    assert np.abs(tdt_inside.numpy() - outside.numpy()).max() > 1e-3  # the other loss
+
+
 def test_upstream_gradient_scales_each_utterance():
     rng = np.random.default_rng(2)
     logits, labels, logit_lengths, label_lengths = random_case(rng, 3, 6, 3, 5)

@@ -1,0 +1,321 @@
+"""asrkit beside NeMo on the same network and data: decoding, the RNN-T loss, a training step.
+
+NeMo runs in its own venv (asrkit never imports torch or NeMo): the NeMo side of every
+measurement runs in a child process under `--nemo-python`, the asrkit side in a child under
+this Python (harness.py: one environment, the BFC allocator on). The network is one NeMo
+Conformer-Transducer (`--nemo-model`, e.g. tools/train_nemo_reference.py's model.nemo),
+imported into asrkit with `asrkit import nemo`, so both sides run the same weights.
+
+    python tools/bench_vs_nemo.py --nemo-python /path/nemo-venv/bin/python \
+        --nemo-model exp/nemo_ref/model.nemo --manifest exp/mini/data/test-clean.jsonl \
+        [--repeats 3] [--utterances 64]
+
+Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, NeMo ...),
+`--repeats` times, after a warm-up in the same process; printed as asrkit and NeMo median
+(min-max) and the ratio asrkit / NeMo of the medians:
+- greedy decoding RTF (features, encoder and search; wall time / audio), one utterance per
+  call and 16 per call: NeMo's greedy_batch (label-looping) vs asrkit's greedy search;
+- the RNN-T loss alone, forward + backward on random logits, at three shapes: NeMo's
+  RNNTLoss (numba on the CPU) vs asrkit's `rnnt_loss`;
+- one training update of the whole network from features (16 utterances of the manifest,
+  AdamW, no augmentation): NeMo's modules with its RNNTLoss, and again with the vectorised
+  PyTorch loss of make_nemo_fixtures.py (so that the loss's share shows), vs asrkit's
+  TransducerTask with the imported experiment's loss settings;
+- the peak RSS of each child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from harness import child_request, reply, run_child  # noqa: E402
+
+LOSS_SHAPES = ((4, 100, 20, 65), (8, 150, 30, 65), (2, 200, 40, 129))  # B, T, U, V (blank incl.)
+TRAIN_BATCH = 16
+ROUNDS = 3  # timed calls per process after the warm-up (median)
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _utterances(manifest: str, limit: int) -> list[dict]:
+    lines = Path(manifest).read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()][:limit]
+
+
+def _waves(utterances):
+    import soundfile
+
+    return [soundfile.read(u["audio_path"], dtype="float32")[0] for u in utterances]
+
+
+def _median_time(fn) -> float:
+    fn()  # warm-up: tracing, caches
+    times = []
+    for _ in range(ROUNDS):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# ---- the asrkit side -------------------------------------------------------------------
+
+
+def _asrkit(request: dict) -> dict:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import numpy as np
+    import tensorflow as tf
+
+    from asrkit.experiment import load_experiment
+    from asrkit.importers.nemo_model import import_nemo
+
+    exp = Path(tempfile.mkdtemp()) / "exp"
+    import_nemo(request["nemo_model"], exp)
+    experiment = load_experiment(exp)
+    utterances = _utterances(request["manifest"], request["utterances"])
+    waves = _waves(utterances)
+    out = {}
+    if request["task"] == "decode":
+        from asrkit.decoding.search import DecodeOptions, decode_batch
+        from asrkit.features import log_mel
+
+        options = DecodeOptions(max_symbols_per_step=experiment.config.decode.max_symbols_per_step)
+        seconds = sum(len(w) for w in waves) / 16000
+        for per_call in (1, 16):
+
+            def run(per_call=per_call):
+                for i in range(0, len(waves), per_call):
+                    feats = [log_mel(w, experiment.config.features).numpy()
+                             for w in waves[i : i + per_call]]  # fmt: skip
+                    lengths = np.array([len(f) for f in feats], np.int32)
+                    batch = np.zeros((len(feats), lengths.max(), feats[0].shape[1]), np.float32)
+                    for j, f in enumerate(feats):
+                        batch[j, : len(f)] = f
+                    decode_batch(experiment.network, batch, lengths, None, options)
+
+            out[f"greedy RTF, {per_call} per call"] = _median_time(run) / seconds
+    elif request["task"] == "loss":
+        from asrkit.losses import rnnt_loss
+
+        for b, t, u, v in LOSS_SHAPES:
+            rng = np.random.default_rng(0)
+            logits = tf.Variable(rng.standard_normal((b, t, u + 1, v)).astype(np.float32))
+            labels = tf.constant(rng.integers(1, v, (b, u)), tf.int32)
+            t_len, u_len = tf.fill([b], t), tf.fill([b], u)
+
+            @tf.function
+            def step(logits=logits, labels=labels, t_len=t_len, u_len=u_len):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(rnnt_loss(logits, labels, t_len, u_len))
+                return tape.gradient(loss, logits)
+
+            out[f"loss fwd+bwd s, {b}x{t}x{u}x{v}"] = _median_time(lambda step=step: step().numpy())
+    elif request["task"] == "train":
+        import keras
+
+        from asrkit.features import log_mel
+        from asrkit.training.task import TransducerTask
+
+        feats = [log_mel(w, experiment.config.features).numpy() for w in waves[:TRAIN_BATCH]]
+        labels = [experiment.tokenizer.encode(u["text"]) for u in utterances[:TRAIN_BATCH]]
+        lengths = np.array([len(f) for f in feats], np.int32)
+        label_lengths = np.array([len(x) for x in labels], np.int32)
+        features = np.zeros((len(feats), lengths.max(), feats[0].shape[1]), np.float32)
+        targets = np.zeros((len(labels), label_lengths.max()), np.int32)
+        for j, (f, x) in enumerate(zip(feats, labels, strict=True)):
+            features[j, : len(f)], targets[j, : len(x)] = f, x
+        batch = (features, lengths, targets, label_lengths)
+        task = TransducerTask(experiment.network, experiment.config.loss)
+        task.compile(keras.optimizers.AdamW(1e-5), accumulation_steps=1)
+        task.build_engine(batch)
+        data = tf.data.Dataset.from_tensors(batch)
+        seconds = sum(len(w) for w in waves[:TRAIN_BATCH]) / 16000
+        step = _median_time(lambda: task.fit(data, verbose=0))
+        out["training update s"] = step
+        out["training audio s/s"] = seconds / step
+    out["peak RSS MiB"] = _peak_rss_mib()
+    return out
+
+
+# ---- the NeMo side ----------------------------------------------------------------------
+
+
+def _nemo(request: dict) -> dict:
+    import logging
+
+    logging.disable(logging.WARNING)
+    import numpy as np
+    import torch
+    from nemo.collections.asr.models import EncDecRNNTBPEModel
+    from nemo.utils import logging as nemo_logging
+
+    nemo_logging.setLevel(logging.ERROR)
+    model = EncDecRNNTBPEModel.restore_from(request["nemo_model"], map_location="cpu")
+    utterances = _utterances(request["manifest"], request["utterances"])
+    waves = _waves(utterances)
+    out = {}
+
+    def padded(ws):
+        lengths = torch.tensor([len(w) for w in ws])
+        batch = torch.zeros(len(ws), int(lengths.max()))
+        for j, w in enumerate(ws):
+            batch[j, : len(w)] = torch.from_numpy(w)
+        return batch, lengths
+
+    if request["task"] == "decode":
+        model.eval()
+        seconds = sum(len(w) for w in waves) / 16000
+        for per_call in (1, 16):
+
+            def run(per_call=per_call):
+                with torch.inference_mode():
+                    for i in range(0, len(waves), per_call):
+                        signal, lengths = padded(waves[i : i + per_call])
+                        feats, feat_lengths = model.preprocessor(input_signal=signal,
+                                                                 length=lengths)  # fmt: skip
+                        encoded, encoded_lengths = model.encoder(audio_signal=feats,
+                                                                 length=feat_lengths)  # fmt: skip
+                        model.decoding.rnnt_decoder_predictions_tensor(
+                            encoder_output=encoded, encoded_lengths=encoded_lengths
+                        )
+
+            out[f"greedy RTF, {per_call} per call"] = _median_time(run) / seconds
+    elif request["task"] == "loss":
+        from nemo.collections.asr.losses.rnnt import RNNTLoss
+
+        for b, t, u, v in LOSS_SHAPES:
+            rng = np.random.default_rng(0)
+            logits = torch.tensor(rng.standard_normal((b, t, u + 1, v)), dtype=torch.float32,
+                                  requires_grad=True)  # fmt: skip
+            labels = torch.tensor(rng.integers(0, v - 1, (b, u)))  # NeMo: blank last
+            t_len, u_len = torch.full([b], t), torch.full([b], u)
+            loss_fn = RNNTLoss(num_classes=v - 1, reduction="sum")
+
+            def step(logits=logits, labels=labels, t_len=t_len, u_len=u_len, loss_fn=loss_fn):
+                logits.grad = None
+                loss_fn(log_probs=logits, targets=labels, input_lengths=t_len,
+                        target_lengths=u_len).backward()  # fmt: skip
+
+            out[f"loss fwd+bwd s, {b}x{t}x{u}x{v}"] = _median_time(step)
+    elif request["task"] == "train":
+        sys.path.insert(0, str(HERE))
+        from make_nemo_fixtures import rnnt_loss
+
+        chosen = utterances[:TRAIN_BATCH]
+        signal, lengths = padded(waves[:TRAIN_BATCH])
+        model.eval()
+        with torch.no_grad():  # features outside the step, as asrkit's are
+            feats, feat_lengths = model.preprocessor(input_signal=signal, length=lengths)
+        tokens = [model.tokenizer.text_to_ids(u["text"].lower()) for u in chosen]
+        u_len = torch.tensor([len(x) for x in tokens])
+        targets = torch.zeros(len(tokens), int(u_len.max()), dtype=torch.long)
+        for j, x in enumerate(tokens):
+            targets[j, : len(x)] = torch.tensor(x)
+        model.train()
+        for module in model.modules():  # no dropout, as asrkit's imported model has none
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        seconds = float(lengths.sum()) / 16000
+
+        def step(vectorised: bool):
+            optimizer.zero_grad()
+            encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
+            predicted, _, _ = model.decoder(targets=targets, target_length=u_len)
+            joint = model.joint.joint(encoded.transpose(1, 2), predicted.transpose(1, 2))
+            if vectorised:
+                loss = rnnt_loss(joint, targets, encoded_lengths, u_len).mean()
+            else:
+                loss = model.loss(log_probs=joint, targets=targets, input_lengths=encoded_lengths,
+                                  target_lengths=u_len).mean()  # fmt: skip
+            loss.backward()
+            optimizer.step()
+
+        for name, vectorised in (("", False), (", vectorised loss", True)):
+            seconds_per = _median_time(lambda v=vectorised: step(v))
+            out[f"training update s{name}"] = seconds_per
+            out[f"training audio s/s{name}"] = seconds / seconds_per
+    out["peak RSS MiB"] = _peak_rss_mib()
+    return out
+
+
+def _run_nemo(nemo_python: str, request: dict) -> dict:
+    import subprocess
+
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [nemo_python, __file__, "--child-request", json.dumps(request)],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"NeMo child failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    request = child_request()
+    if request is not None:
+        reply(_nemo(request) if request["side"] == "nemo" else _asrkit(request))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nemo-python", required=True, help="the Python of a venv with NeMo")
+    parser.add_argument("--nemo-model", required=True, help="a NeMo Conformer-Transducer .nemo")
+    parser.add_argument("--manifest", required=True, help="asrkit manifest (.jsonl) of audio")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--utterances", type=int, default=64)
+    parser.add_argument("--tasks", nargs="+", default=["decode", "loss", "train"],
+                        choices=["decode", "loss", "train"])  # fmt: skip
+    args = parser.parse_args()
+    if not os.access(args.nemo_python, os.X_OK):
+        print(f"bench_vs_nemo.py: --nemo-python {args.nemo_python}: not an executable",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
+    for path, what in ((args.nemo_model, "--nemo-model"), (args.manifest, "--manifest")):
+        if not Path(path).is_file():
+            print(f"bench_vs_nemo.py: {what} {path}: no such file", file=sys.stderr)
+            sys.exit(2)
+    base = {
+        "nemo_model": str(Path(args.nemo_model).resolve()),
+        "manifest": str(Path(args.manifest).resolve()),
+        "utterances": args.utterances,
+    }
+    print(f"{args.nemo_model} on {args.manifest} (first {args.utterances} utterances); "
+          f"{args.repeats} alternating repeats, median (min-max)", flush=True)  # fmt: skip
+    for task in args.tasks:
+        figures = {"asrkit": [], "nemo": []}
+        for _ in range(args.repeats):
+            figures["asrkit"].append(run_child(__file__, {**base, "task": task, "side": "asrkit"}))
+            figures["nemo"].append(_run_nemo(args.nemo_python, {**base, "task": task,
+                                                                 "side": "nemo"}))  # fmt: skip
+        keys = list(dict.fromkeys(k for side in figures.values() for k in side[0]))
+        print(f"{task}:")
+        for key in keys:
+            cells, medians = [], {}
+            for side in ("asrkit", "nemo"):
+                values = [f[key] for f in figures[side] if key in f]
+                if values:
+                    medians[side] = statistics.median(values)
+                    cells.append(
+                        f"{side} {medians[side]:.4g} ({min(values):.4g}-{max(values):.4g})"
+                    )
+                else:
+                    cells.append(f"{side} -")
+            ratio = medians["asrkit"] / medians["nemo"] if len(medians) == 2 else None
+            shown = f"asrkit/NeMo {ratio:.3f}" if ratio is not None else ""
+            print(f"  {key:36s} " + " | ".join(cells) + f"  {shown}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
