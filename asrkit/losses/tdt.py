@@ -17,8 +17,9 @@ duration log-probs,
 
 so every path ends with a blank landing exactly on frame T. The recursion runs frame by
 frame; within a frame the duration-0 label arcs form a linear recurrence along u, solved
-in one cumulative log-sum-exp. Its gradient is TensorFlow's own (the lattice holds no V
-axis: [B, T, U+1] and [B, T, U+1, D]).
+in one cumulative log-sum-exp. Its gradient is written out: the beta recursion runs the
+frames backwards the same way, and each arc's posterior alpha + arc + beta − log P is its
+gradient (the lattice holds no V axis: [B, T, U+1] and [B, T, U+1, D]).
 
 The joint's widest tensors are never held whole: `tdt_cell_log_probs` evaluates the joint
 one chunk of frames at a time and keeps, per cell, only the blank and next-label log-probs
@@ -59,7 +60,7 @@ def tdt_log_prob(log_blank, log_label, log_durations, logit_lengths, label_lengt
     logit_lengths = tf.cast(logit_lengths, tf.int32)
     label_lengths = tf.cast(label_lengths, tf.int32)
     shape = tf.shape(log_blank)
-    batch, frames, u1 = shape[0], shape[1], shape[2]
+    frames, u1 = shape[1], shape[2]
     valid = (tf.range(frames)[None, :, None] < logit_lengths[:, None, None]) & (
         tf.range(u1)[None, None, :] <= label_lengths[:, None, None]
     )
@@ -67,7 +68,33 @@ def tdt_log_prob(log_blank, log_label, log_durations, logit_lengths, label_lengt
     blank_t = tf.transpose(tf.where(valid, log_blank, _MASKED), [1, 0, 2])  # [T, B, U+1]
     label_t = tf.transpose(tf.where(labels_ok, log_label, _MASKED), [1, 0, 2])
     dur_t = tf.transpose(tf.where(valid[..., None], log_durations, _MASKED), [1, 0, 2, 3])
-    alpha = _alphas(blank_t, label_t, dur_t, tuple(durations))  # [T, B, U+1]
+    return _log_prob(blank_t, label_t, dur_t, logit_lengths, label_lengths, tuple(durations))
+
+
+def _log_prob(blank_t, label_t, dur_t, logit_lengths, label_lengths, durations):
+    """log P(y|x) [B] of the time-major masked log-probs, with its own gradient: the
+    posteriors of every arc from alpha and beta (no tape through the frame loop)."""
+
+    @tf.custom_gradient
+    def core(blank_t, label_t, dur_t):
+        blank_t, label_t, dur_t = (tf.stop_gradient(x) for x in (blank_t, label_t, dur_t))
+        alpha = _alphas(blank_t, label_t, dur_t, durations)  # [T, B, U+1]
+        final = _terminal(alpha, blank_t, dur_t, logit_lengths, label_lengths, durations)
+
+        def grad(upstream):
+            # copies made in the gradient's graph: inside a tf.cond branch (the omega draw)
+            # a graph function cannot capture the forward branch's tensors itself
+            here = [tf.identity(x) for x in (blank_t, label_t, dur_t, alpha, final, upstream)]
+            return _arc_gradients(*here, logit_lengths, label_lengths, durations)
+
+        return final, grad
+
+    return core(blank_t, label_t, dur_t)
+
+
+def _terminal(alpha, blank_t, dur_t, logit_lengths, label_lengths, durations):
+    """log P [B]: a last blank from (T_b - d, U_b) landing exactly on frame T_b."""
+    batch = tf.shape(alpha)[1]
     rows = tf.range(batch)
     final = tf.fill([batch], LOG_ZERO)
     for k, d in enumerate(durations):
@@ -81,8 +108,85 @@ def tdt_log_prob(log_blank, log_label, log_durations, logit_lengths, label_lengt
     return final
 
 
+@functools.partial(tf.function, reduce_retracing=True)
+def _arc_gradients(blank_t, label_t, dur_t, alpha, final, upstream, logit_lengths,
+                   label_lengths, durations):  # fmt: skip
+    """d(Σ_b upstream_b · log P_b) / d(blank_t, label_t, dur_t): each arc's posterior,
+    alpha(t, u) + arc + beta(destination) − log P, summed per input. Utterances no
+    alignment reaches get zero gradients."""
+    frames = tf.shape(alpha)[0]
+    beta = _betas(blank_t, label_t, dur_t, logit_lengths, label_lengths, durations)
+    possible = final > LOG_ZERO / 2
+    scale = tf.where(possible, upstream, 0.0)[None, :, None]  # [1, B, 1]
+    base = alpha - tf.where(possible, final, 0.0)[None, :, None]
+    g_blank = tf.zeros_like(blank_t)
+    g_label = tf.zeros_like(label_t)
+    g_dur = []
+    frame = tf.range(frames)[:, None, None]
+    for k, d in enumerate(durations):
+        to = beta[d : d + frames]  # beta(t + d, u) [T, B, U+1]
+        to_next = tf.concat([to[:, :, 1:], tf.zeros_like(to[:, :, :1]) + LOG_ZERO], axis=2)
+        to_next = tf.where(frame + d == logit_lengths[None, :, None], LOG_ZERO, to_next)
+        arc = base + dur_t[..., k]
+        p_label = scale * tf.exp(tf.minimum(arc + label_t + to_next, 0.0))
+        g_label += p_label
+        g = p_label
+        if d > 0:
+            p_blank = scale * tf.exp(tf.minimum(arc + blank_t + to, 0.0))
+            g_blank += p_blank
+            g += p_blank
+        g_dur.append(g)
+    return g_blank, g_label, tf.stack(g_dur, axis=-1)
+
+
+@functools.partial(tf.function, reduce_retracing=True)
+def _betas(blank_t, label_t, dur_t, logit_lengths, label_lengths, durations):
+    """beta [T + max(d) + 1, B, U+1]: log of the paths from (t, u) to the end, frames past
+    T included (0 at (T_b, U_b), the end; LOG_ZERO elsewhere at and past T_b)."""
+    shape = tf.shape(blank_t)
+    frames, batch, u1 = shape[0], shape[1], shape[2]
+    longest = max(durations)
+    position = tf.range(u1)[None, :]
+    ends = tf.where(position == label_lengths[:, None], 0.0, LOG_ZERO)  # [B, U+1]
+    lengths = logit_lengths[:, None]
+
+    def past(t, row):  # rows at or past the end of their utterance
+        return tf.where(t == lengths, ends, tf.where(t > lengths, LOG_ZERO, row))
+
+    def shift_down(x):  # position u receives from u + 1
+        return tf.concat([x[:, 1:], tf.zeros_like(x[:, :1]) + LOG_ZERO], axis=1)
+
+    def step(i, recent, betas):  # recent[j] = beta(t + 1 + j)
+        t = frames - 1 - i
+        arrived = tf.zeros_like(recent[0]) + LOG_ZERO
+        for k, d in enumerate(durations):
+            if d == 0:
+                continue
+            b = recent[d - 1]
+            blank_arc = blank_t[t] + dur_t[t][..., k] + b
+            # a label never lands on the end frame: only a blank ends the utterance
+            landing = tf.where(t + d == lengths, LOG_ZERO, shift_down(b))
+            label_arc = label_t[t] + dur_t[t][..., k] + landing
+            arrived = log_add(arrived, log_add(blank_arc, label_arc))
+        if 0 in durations:  # labels at frame t itself: beta(t, u) <- beta(t, u + 1)
+            weight = label_t[t] + dur_t[t][..., durations.index(0)]  # [B, U+1]
+            offset = tf.concat([tf.zeros_like(weight[:, :1]), tf.cumsum(weight[:, :-1], axis=1)], 1)
+            arrived = tf.math.cumulative_logsumexp(arrived + offset, axis=1, reverse=True) - offset
+        arrived = past(t, tf.maximum(arrived, LOG_ZERO))
+        recent = tf.concat([arrived[None], recent[:-1]], axis=0)
+        return i + 1, recent, betas.write(t, arrived)
+
+    tail = tf.stack([past(frames + j, tf.zeros([batch, u1]) + LOG_ZERO)
+                     for j in range(longest + 1)])  # fmt: skip  # frames T .. T + max(d)
+    betas = tf.TensorArray(tf.float32, size=frames, element_shape=tf.TensorShape([None, None]))
+    _, _, betas = tf.while_loop(
+        lambda i, *_: i < frames, step, [tf.constant(0), tail[:longest], betas]
+    )
+    return tf.concat([betas.stack(), tail], axis=0)
+
+
 # A graph function even for eager callers: a TensorArray in an eager while loop fails in
-# TensorFlow 2.21 (see asrkit.losses.fused). Differentiable: its gradient is TensorFlow's.
+# TensorFlow 2.21 (see asrkit.losses.fused).
 @functools.partial(tf.function, reduce_retracing=True)
 def _alphas(blank_t, label_t, dur_t, durations):
     """alpha [T, B, U+1] of the time-major per-cell log-probs."""

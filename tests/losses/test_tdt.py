@@ -101,6 +101,34 @@ def test_an_utterance_no_durations_can_align_has_an_infinite_loss():
     assert np.isfinite(tape.gradient(total, tokens).numpy()).all()
 
 
+@pytest.mark.parametrize("durations", [(0, 1, 2, 3, 4), (1, 2), (0, 2, 3)])
+def test_the_written_gradient_equals_autodiff_through_the_forward_recursion(durations):
+    """The beta recursion and arc posteriors against TensorFlow's gradient of the alpha
+    recursion itself, on a padded batch (frames 9, 6, 1, 4; labels 3, 0, 0, 2) with the
+    impossible one of (0, 2, 3) too."""
+    from asrkit.losses import tdt
+
+    rng = np.random.default_rng(len(durations))
+    lengths, label_lengths = tf.constant([9, 6, 1, 4]), tf.constant([3, 0, 0, 2])
+    inputs = [tf.constant(rng.normal(-1.5, 1.0, shape), tf.float32)
+              for shape in ((9, 4, 4), (9, 4, 4), (9, 4, 4, len(durations)))]  # fmt: skip
+    upstream = tf.constant([1.0, -0.5, 2.0, 0.7])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(inputs)
+        written = tdt._log_prob(*inputs, lengths, label_lengths, durations)
+        alpha = tdt._alphas(*inputs, durations)
+        autodiff = tdt._terminal(alpha, inputs[0], inputs[2], lengths, label_lengths, durations)
+        possible = autodiff > tdt.LOG_ZERO / 2
+        weighted = [
+            tf.reduce_sum(tf.where(possible, upstream * x, 0.0)) for x in (written, autodiff)
+        ]
+    np.testing.assert_allclose(written.numpy(), autodiff.numpy(), rtol=1e-6)
+    for mine, want in zip(tape.gradient(weighted[0], inputs), tape.gradient(weighted[1], inputs),
+                          strict=True):  # fmt: skip
+        np.testing.assert_allclose(mine.numpy(), want.numpy(), atol=2e-5)
+    assert np.abs(want.numpy()).max() > 0.05
+
+
 def _joint_case(seed, batch=3, frames=11, max_u=4, hidden=12, vocab=20, durations=5):
     rng = np.random.default_rng(seed)
     enc = tf.constant(rng.standard_normal((batch, frames, hidden)), tf.float32)
