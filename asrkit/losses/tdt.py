@@ -76,7 +76,7 @@ def _log_prob(blank_t, label_t, dur_t, logit_lengths, label_lengths, durations):
     posteriors of every arc from alpha and beta (no tape through the frame loop)."""
 
     @tf.custom_gradient
-    def core(blank_t, label_t, dur_t):
+    def core(blank_t, label_t, dur_t, logit_lengths, label_lengths):
         blank_t, label_t, dur_t = (tf.stop_gradient(x) for x in (blank_t, label_t, dur_t))
         alpha = _alphas(blank_t, label_t, dur_t, durations)  # [T, B, U+1]
         final = _terminal(alpha, blank_t, dur_t, logit_lengths, label_lengths, durations)
@@ -84,12 +84,13 @@ def _log_prob(blank_t, label_t, dur_t, logit_lengths, label_lengths, durations):
         def grad(upstream):
             # copies made in the gradient's graph: inside a tf.cond branch (the omega draw)
             # a graph function cannot capture the forward branch's tensors itself
-            here = [tf.identity(x) for x in (blank_t, label_t, dur_t, alpha, final, upstream)]
-            return _arc_gradients(*here, logit_lengths, label_lengths, durations)
+            here = [tf.identity(x) for x in (blank_t, label_t, dur_t, alpha, final, upstream,
+                                             logit_lengths, label_lengths)]  # fmt: skip
+            return (*_arc_gradients(*here, durations), None, None)
 
         return final, grad
 
-    return core(blank_t, label_t, dur_t)
+    return core(blank_t, label_t, dur_t, logit_lengths, label_lengths)
 
 
 def _terminal(alpha, blank_t, dur_t, logit_lengths, label_lengths, durations):
