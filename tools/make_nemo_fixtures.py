@@ -53,17 +53,25 @@ FEATURE_SETTINGS = {
 }  # fmt: skip
 
 
-def features(out: Path) -> None:
+def _clip_batch():
+    """The real clips: their lengths and one zero-padded float32 batch of them."""
     import numpy as np
     import soundfile
-    import torch
-    from nemo.collections.asr.modules import AudioToMelSpectrogramPreprocessor
 
     waves = [soundfile.read(p, dtype="float32")[0] for p in CLIPS]
     lengths = np.array([len(w) for w in waves])
     batch = np.zeros((len(waves), lengths.max()), np.float32)
     for i, w in enumerate(waves):
         batch[i, : len(w)] = w
+    return lengths, batch
+
+
+def features(out: Path) -> None:
+    import numpy as np
+    import torch
+    from nemo.collections.asr.modules import AudioToMelSpectrogramPreprocessor
+
+    lengths, batch = _clip_batch()
     arrays = {"lengths": lengths}
     for name, settings in FEATURE_SETTINGS.items():
         pre = AudioToMelSpectrogramPreprocessor(**settings).eval()
@@ -283,18 +291,13 @@ def models(out: Path) -> None:
     NeMo's own outputs on the real clips: encoder frames, the predictor and joint on the
     transcripts' tokens, and greedy_batch's tokens (and TDT's frames)."""
     import numpy as np
-    import soundfile
     import torch
     from nemo.collections.asr.losses.rnnt import RNNTLoss
     from nemo.collections.asr.models import EncDecRNNTBPEModel
     from omegaconf import OmegaConf
 
     tokenizer = _tokenizer(out)
-    waves = [soundfile.read(p, dtype="float32")[0] for p in CLIPS]
-    lengths = np.array([len(w) for w in waves])
-    batch = np.zeros((len(waves), lengths.max()), np.float32)
-    for i, w in enumerate(waves):
-        batch[i, : len(w)] = w
+    lengths, batch = _clip_batch()
     lines = [line.split(" ", 1)[1].lower() for line in TEXTS.read_text().splitlines()]
     arrays, summary = {}, {}
     for name in MODELS:
@@ -375,17 +378,11 @@ BEAM = 4
 def beams(out: Path) -> None:
     """NeMo's malsd_batch beam search (beam BEAM, scores not length-normalised) on the
     committed archives, restored as NeMo restores them: the best hypothesis of each clip."""
-    import numpy as np
-    import soundfile
     import torch
     from nemo.collections.asr.models import EncDecRNNTBPEModel
     from omegaconf import OmegaConf, open_dict
 
-    waves = [soundfile.read(p, dtype="float32")[0] for p in CLIPS]
-    lengths = np.array([len(w) for w in waves])
-    batch = np.zeros((len(waves), lengths.max()), np.float32)
-    for i, w in enumerate(waves):
-        batch[i, : len(w)] = w
+    lengths, batch = _clip_batch()
     summary = {"beam": BEAM}
     for name in MODELS:
         model = EncDecRNNTBPEModel.restore_from(str(out / f"{name}.nemo"), map_location="cpu")
