@@ -64,9 +64,13 @@ def network(request, clip, normalize):
     config = dataclasses.replace(tiny_model_config(units=16), encoder=ENCODERS[request.param])
     network = Transducer(9, config)
     network.build_from_features(FEATURES.num_mel_bins)
-    # Random weights emit a token at almost every frame, or at none: a blank bias at the
-    # median margin of the clip's frames makes some frames emit nothing and some several,
-    # as a trained model does.
+    return emitting_some(network, clip, normalize)
+
+
+def emitting_some(network, clip, normalize):
+    """Random weights emit a token at almost every frame, or at none: a blank bias at the
+    median margin of the clip's frames makes some frames emit nothing and some several,
+    as a trained model does."""
     features = normalize(log_mel(clip, FEATURES))[None]
     encoded, _ = network.encode(features, tf.shape(features)[1][None])
     start, _ = greedy_start(network, 1)
@@ -86,13 +90,17 @@ def whole(network, samples, normalize):
     return found.tokens[0, :count].numpy(), found.frames[0, :count].numpy(), int(lengths[0])
 
 
-def streamed(decoder, samples, sizes):
+def streamed(decoder, samples, sizes, states=None):
+    """Feeds `samples` in pieces of `sizes`, then finishes -> (tokens, frames, last state);
+    each piece's state is appended to `states` if given."""
     state, tokens, frames, start = decoder.initial_state(), [], [], 0
     for size in sizes:
         step = decoder.step(samples[start : start + size], state)
         tokens += step.tokens.numpy().tolist()
         frames += step.token_frames.numpy().tolist()
         state, start = step.state, start + size
+        if states is not None:
+            states.append(state)
     assert start >= len(samples)
     last = decoder.finish(state)
     tokens += last.tokens.numpy().tolist()
@@ -179,13 +187,7 @@ def tdt_network(request, clip, normalize):
     )
     network = Transducer(9, config)
     network.build_from_features(FEATURES.num_mel_bins)
-    features = normalize(log_mel(clip, FEATURES))[None]
-    encoded, _ = network.encode(features, tf.shape(features)[1][None])
-    start, _ = greedy_start(network, 1)
-    logits = network.join(encoded[0], start).numpy()
-    kernel, bias = network.joint.output_layer.get_weights()
-    bias[0] += np.median(logits[:, 1:].max(axis=-1) - logits[:, 0])
-    network.joint.output_layer.set_weights([kernel, bias])
+    emitting_some(network, clip, normalize)
     kernel, bias = network.joint.duration_layer.get_weights()
     network.joint.duration_layer.set_weights([kernel, bias + np.array([0.0, 0.5, 1.0, 1.0, 1.0])])
     return network
@@ -203,17 +205,9 @@ def test_a_tdt_stream_finds_the_whole_waveforms_tokens(tdt_network, clip, normal
     decoder = StreamingDecoder(tdt_network, FEATURES, normalize)
     rng = np.random.default_rng(4)
     sizes = [*rng.choice([0, 1, 159, 160, 400, 401, 1234, 4000], size=60), len(clip)]
-    state, start, jumped = decoder.initial_state(), 0, 0
-    tokens, frames = [], []
-    for size in sizes:
-        step = decoder.step(clip[start : start + size], state)
-        tokens += step.tokens.numpy().tolist()
-        frames += step.token_frames.numpy().tolist()
-        state, start = step.state, start + size
-        jumped += int(state.carry[2][0]) > 0  # a duration reached into the next piece
-    last = decoder.finish(state)
-    tokens += last.tokens.numpy().tolist()
-    frames += last.token_frames.numpy().tolist()
+    states = []
+    tokens, frames, _ = streamed(decoder, clip, sizes, states)
+    jumped = sum(int(state.carry[2][0]) > 0 for state in states)  # into the next piece
     np.testing.assert_array_equal(tokens, want_tokens)
     np.testing.assert_array_equal(frames, want_frames)
     assert jumped > 3, jumped
