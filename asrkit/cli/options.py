@@ -20,7 +20,10 @@ def add_search_arguments(parser, help: str | None = None) -> None:
 
 def search_options(args: argparse.Namespace, max_symbols_per_step: int):
     from asrkit.decoding.search import DecodeOptions
+    from asrkit.errors import InputError
 
+    if args.beam < 1:
+        raise InputError(f"--beam must be >= 1, got {args.beam}")
     return DecodeOptions(args.method, args.beam, max_symbols_per_step)
 
 

@@ -244,3 +244,14 @@ def test_user_errors_cost_well_under_two_seconds_as_commands(tmp_path):
         assert run.returncode == 2, (argv, run.stderr)
         assert len(run.stderr.strip().splitlines()) == 1, run.stderr
         assert seconds < 2.0, (argv[0], seconds)
+
+
+def test_a_beam_below_one_is_refused_as_a_user_error():
+    import argparse
+
+    from asrkit.cli.options import search_options
+    from asrkit.errors import InputError
+
+    with pytest.raises(InputError, match="--beam must be >= 1, got 0"):
+        search_options(argparse.Namespace(method="beam", beam=0), 3)
+    assert search_options(argparse.Namespace(method="beam", beam=2), 3).beam == 2
