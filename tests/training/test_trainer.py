@@ -595,8 +595,11 @@ def test_jit_compile_under_mirrored_trains_like_without(workdir):
     assert results["true"].state.updates == results["false"].state.updates > 0
     (plain,) = CheckpointManager(workdir / "exp_jit_false" / "checkpoints").checkpoints()
     (jit,) = CheckpointManager(workdir / "exp_jit_true" / "checkpoints").checkpoints()
-    # XLA fuses and reorders float32 arithmetic: a few ulps per update, over a dozen updates.
-    _assert_model_weights_close(_weights(jit), _weights(plain), rtol=1e-4, atol=1e-5)
+    # XLA fuses and reorders float32 arithmetic: a few ulps per gradient. Adam divides by
+    # sqrt(v), so a weight whose gradient is near zero can drift by more than its own size
+    # (1.1e-5 on a weight of 4e-4 was seen). One Adam step at lr 3e-3 moves a weight by up to
+    # 3e-3: atol 1e-4 still fails on a missed, doubled or per-micro-batch update.
+    _assert_model_weights_close(_weights(jit), _weights(plain), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow
