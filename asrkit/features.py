@@ -13,6 +13,7 @@ returns without end padding (tested against the actual output).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -97,6 +98,15 @@ def log_mel_batch(waveforms, lengths, config: FeatureConfig = DEFAULT_FEATURES):
 
         return nemo_log_mel(waveforms, lengths, nemo_settings(config))
     return log_mel(waveforms, config), num_frames(lengths, config)
+
+
+@functools.lru_cache(maxsize=8)
+def compiled_log_mel_batch(config: FeatureConfig):
+    """`log_mel_batch` for `config` as one graph, traced once for every batch size and length
+    (decoding calls it per batch; eager STFT per utterance costs more than the search)."""
+    signature = [tf.TensorSpec([None, None], tf.float32), tf.TensorSpec([None], tf.int32)]
+    return tf.function(lambda waves, lengths: log_mel_batch(waves, lengths, config),
+                       input_signature=signature)  # fmt: skip
 
 
 def log_mel(samples: tf.Tensor, config: FeatureConfig = DEFAULT_FEATURES) -> tf.Tensor:

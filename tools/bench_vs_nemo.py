@@ -14,13 +14,15 @@ Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, N
 `--repeats` times, after a warm-up in the same process; printed as asrkit and NeMo median
 (min-max) and the ratio asrkit / NeMo of the medians:
 - greedy decoding RTF (features, encoder and search; wall time / audio), one utterance per
-  call and 16 per call: NeMo's greedy_batch (label-looping) vs asrkit's greedy search;
+  call and 16 per call: NeMo's greedy_batch (label-looping) vs asrkit's greedy search, then
+  each of the three stages timed alone on the same batches (their sum is near the whole);
 - the RNN-T loss alone, forward + backward on random logits, at three shapes: NeMo's
   RNNTLoss (numba on the CPU) vs asrkit's `rnnt_loss`;
 - one training update of the whole network from features (16 utterances of the manifest,
   AdamW, no augmentation): NeMo's modules with its RNNTLoss, and again with the vectorised
   PyTorch loss of make_nemo_fixtures.py (so that the loss's share shows), vs asrkit's
-  TransducerTask with the imported experiment's loss settings;
+  TransducerTask with the imported experiment's loss settings, and (if those fuse the joint
+  and the loss) again with `loss.fused: false`;
 - the peak RSS of each child process.
 """
 
@@ -34,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -88,24 +91,37 @@ def _asrkit(request: dict) -> dict:
     waves = _waves(utterances)
     out = {}
     if request["task"] == "decode":
-        from asrkit.decoding.search import DecodeOptions, decode_batch
-        from asrkit.features import log_mel
+        from asrkit.decoding.runner import featurise_samples
+        from asrkit.decoding.search import DecodeOptions, decode_batch, search
 
-        options = DecodeOptions(max_symbols_per_step=experiment.config.decode.max_symbols_per_step)
+        config, network, normalize = experiment.config, experiment.network, experiment.normalizer
+        options = DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
+        encode = tf.function(lambda f, n: network.encode(f, n, training=False),
+                             reduce_retracing=True)  # fmt: skip
+        find = tf.function(lambda e, n: search(network, e, n, options), reduce_retracing=True)
         seconds = sum(len(w) for w in waves) / 16000
         for per_call in (1, 16):
+            groups = [waves[i : i + per_call] for i in range(0, len(waves), per_call)]
 
-            def run(per_call=per_call):
-                for i in range(0, len(waves), per_call):
-                    feats = [log_mel(w, experiment.config.features).numpy()
-                             for w in waves[i : i + per_call]]  # fmt: skip
-                    lengths = np.array([len(f) for f in feats], np.int32)
-                    batch = np.zeros((len(feats), lengths.max(), feats[0].shape[1]), np.float32)
-                    for j, f in enumerate(feats):
-                        batch[j, : len(f)] = f
-                    decode_batch(experiment.network, batch, lengths, None, options)
+            def whole(groups=groups):
+                for group in groups:  # the path of asrkit decode / transcribe
+                    batch = featurise_samples(group, config.features, normalize)
+                    decode_batch(network, batch.features, batch.feature_lengths, None, options)
 
-            out[f"greedy RTF, {per_call} per call"] = _median_time(run) / seconds
+            out[f"greedy RTF, {per_call} per call"] = _median_time(whole) / seconds
+            batches = [featurise_samples(g, config.features, normalize) for g in groups]
+            encoded = [encode(b.features, b.feature_lengths) for b in batches]
+            stages = {
+                "features": lambda groups=groups: [
+                    featurise_samples(g, config.features, normalize) for g in groups
+                ],
+                "encoder": lambda batches=batches: [
+                    encode(b.features, b.feature_lengths)[0].numpy() for b in batches
+                ],
+                "search": lambda encoded=encoded: [find(e, n).scores.numpy() for e, n in encoded],
+            }
+            for stage, fn in stages.items():
+                out[f"  {stage} RTF, {per_call} per call"] = _median_time(fn) / seconds
     elif request["task"] == "loss":
         from asrkit.losses import rnnt_loss
 
@@ -137,15 +153,20 @@ def _asrkit(request: dict) -> dict:
         for j, (f, x) in enumerate(zip(feats, labels, strict=True)):
             features[j, : len(f)], targets[j, : len(x)] = f, x
         batch = (features, lengths, targets, label_lengths)
-        task = TransducerTask(experiment.network, experiment.config.loss)
-        task.compile(keras.optimizers.AdamW(1e-5), accumulation_steps=1)
-        task.build_engine(batch)
         data = tf.data.Dataset.from_tensors(batch)
         seconds = sum(len(w) for w in waves[:TRAIN_BATCH]) / 16000
-        step = _median_time(lambda: task.fit(data, verbose=0))
-        out["training update s"] = step
-        out["training audio s/s"] = seconds / step
-    out["peak RSS MiB"] = _peak_rss_mib()
+        loss = experiment.config.loss
+        for name, settings in (("", loss), (", plain joint + loss", replace(loss, fused=False))):
+            if name and not loss.fused:
+                continue
+            task = TransducerTask(experiment.network, settings)
+            task.compile(keras.optimizers.AdamW(1e-5), accumulation_steps=1)
+            task.build_engine(batch)
+            step = _median_time(lambda task=task: task.fit(data, verbose=0))
+            out[f"training update s{name}"] = step
+            out[f"training audio s/s{name}"] = seconds / step
+            out.setdefault("peak RSS MiB", _peak_rss_mib())  # of the imported settings
+    out.setdefault("peak RSS MiB", _peak_rss_mib())
     return out
 
 
@@ -178,20 +199,29 @@ def _nemo(request: dict) -> dict:
         model.eval()
         seconds = sum(len(w) for w in waves) / 16000
         for per_call in (1, 16):
+            groups = [padded(waves[i : i + per_call]) for i in range(0, len(waves), per_call)]
 
-            def run(per_call=per_call):
-                with torch.inference_mode():
-                    for i in range(0, len(waves), per_call):
-                        signal, lengths = padded(waves[i : i + per_call])
-                        feats, feat_lengths = model.preprocessor(input_signal=signal,
-                                                                 length=lengths)  # fmt: skip
-                        encoded, encoded_lengths = model.encoder(audio_signal=feats,
-                                                                 length=feat_lengths)  # fmt: skip
-                        model.decoding.rnnt_decoder_predictions_tensor(
-                            encoder_output=encoded, encoded_lengths=encoded_lengths
-                        )
+            def features(groups=groups):
+                return [model.preprocessor(input_signal=x, length=n) for x, n in groups]
 
-            out[f"greedy RTF, {per_call} per call"] = _median_time(run) / seconds
+            def encoder(feats):
+                return [model.encoder(audio_signal=f, length=n) for f, n in feats]
+
+            def search(encoded):
+                for e, n in encoded:
+                    model.decoding.rnnt_decoder_predictions_tensor(
+                        encoder_output=e, encoded_lengths=n
+                    )
+
+            with torch.inference_mode():
+                whole = _median_time(lambda features=features: search(encoder(features())))
+                out[f"greedy RTF, {per_call} per call"] = whole / seconds
+                feats = features()
+                encoded = encoder(feats)
+                stages = {"features": features, "encoder": lambda feats=feats: encoder(feats),
+                          "search": lambda encoded=encoded: search(encoded)}  # fmt: skip
+                for stage, fn in stages.items():
+                    out[f"  {stage} RTF, {per_call} per call"] = _median_time(fn) / seconds
     elif request["task"] == "loss":
         from nemo.collections.asr.losses.rnnt import RNNTLoss
 

@@ -50,6 +50,16 @@ def beam_search(
     return beam_found(beams)
 
 
+def with_room(beams: Beams, tokens) -> Beams:
+    """`beams` with `tokens` more empty token positions per hypothesis."""
+    more = [[0, 0], [0, 0], [0, tokens]]
+    return beams._replace(
+        tokens=tf.pad(beams.tokens, more, constant_values=-1),
+        frames=tf.pad(beams.frames, more, constant_values=-1),
+        log_probs=tf.pad(beams.log_probs, more),
+    )
+
+
 def beam_start(model, batch, beam: int) -> Beams:
     """The K hypotheses of each utterance before any frame: one empty, K - 1 empty slots."""
     k = int(beam)
@@ -82,12 +92,7 @@ def beam_continue(
     piece by piece keeps exactly the hypotheses one call on the whole utterance keeps."""
     num_frames = tf.shape(encoded)[1]
     rounds = int(max_symbols_per_step)
-    more = [[0, 0], [0, 0], [0, num_frames * rounds]]  # room for S tokens per new frame
-    beams = beams._replace(
-        tokens=tf.pad(beams.tokens, more, constant_values=-1),
-        frames=tf.pad(beams.frames, more, constant_values=-1),
-        log_probs=tf.pad(beams.log_probs, more),
-    )
+    beams = with_room(beams, num_frames * rounds)  # S tokens per new frame
     slot = tf.range(tf.shape(beams.scores)[1])
 
     def frame_body(t, entering):

@@ -23,7 +23,7 @@ from asrkit.data.pipeline import PipelineConfig, bucket_plan
 from asrkit.data.records import parse_example, shard_lengths
 from asrkit.decoding.search import DEFAULT_OPTIONS, DecodeOptions, decode_batch
 from asrkit.errors import InputError
-from asrkit.features import MIN_FEATURE_FRAMES, log_mel, normalizer_for
+from asrkit.features import MIN_FEATURE_FRAMES, compiled_log_mel_batch, normalizer_for
 from asrkit.metrics import ErrorRates, error_rates, word_errors
 from asrkit.tokenizer import Tokenizer
 
@@ -158,16 +158,20 @@ def _featurise(utterances, config: FeatureConfig, normalize) -> _Batch:
 
 
 def featurise_samples(audio: list[np.ndarray], config: FeatureConfig, normalize) -> _Batch:
-    """A padded feature batch from waveforms (no ids or references)."""
-    feats, seconds = [], 0.0
-    for samples in audio:
-        seconds += len(samples) / config.sample_rate
-        mel = log_mel(samples, config)
-        feats.append(normalize(mel) if normalize is not None else mel)
-    lengths = np.array([int(f.shape[0]) for f in feats], np.int32)
+    """A padded feature batch from waveforms (no ids or references): one compiled call for
+    the whole batch; frames past each utterance's own are zero."""
+    sizes = np.array([len(samples) for samples in audio], np.int32)
+    waves = np.zeros((len(audio), max(int(sizes.max()), 1)), np.float32)
+    for row, samples in enumerate(audio):
+        waves[row, : sizes[row]] = samples
+    feats, lengths = compiled_log_mel_batch(config)(waves, sizes)
+    feats = normalize(feats) if normalize is not None else feats
+    lengths = lengths.numpy().astype(np.int32)
     padded = np.zeros(
-        (len(feats), max(lengths.max(), MIN_FEATURE_FRAMES), config.num_mel_bins), np.float32
+        (len(audio), max(lengths.max(), MIN_FEATURE_FRAMES), config.num_mel_bins), np.float32
     )
-    for row, f in enumerate(feats):
-        padded[row, : lengths[row]] = np.asarray(f)
-    return _Batch([""] * len(feats), padded, lengths, [""] * len(feats), seconds)
+    feats = np.asarray(feats)
+    for row, n in enumerate(lengths):
+        padded[row, :n] = feats[row, :n]
+    seconds = float(sizes.sum()) / config.sample_rate
+    return _Batch([""] * len(audio), padded, lengths, [""] * len(audio), seconds)

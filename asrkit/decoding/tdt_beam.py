@@ -29,6 +29,7 @@ from asrkit.decoding.beam import (
     extend,
     merge_equal,
     same_shapes,
+    with_room,
 )
 from asrkit.tokenizer import BLANK_ID
 
@@ -46,14 +47,7 @@ def tdt_beam_search(
     durations = tf.constant(list(model.config.durations), tf.int32)
     num_durations = len(model.config.durations)
     lengths = tf.cast(encoder_lengths, tf.int32)[:, None]  # [B, 1]
-    beams = beam_start(model, batch, k)
-    capacity = num_frames * int(max_symbols_per_step)
-    more = [[0, 0], [0, 0], [0, capacity]]
-    beams = beams._replace(
-        tokens=tf.pad(beams.tokens, more, constant_values=-1),
-        frames=tf.pad(beams.frames, more, constant_values=-1),
-        log_probs=tf.pad(beams.log_probs, more),
-    )
+    beams = with_room(beam_start(model, batch, k), num_frames * int(max_symbols_per_step))
     slot = tf.range(k)
     time = tf.zeros([batch, k], tf.int32)  # each hypothesis's frame
     run = tf.zeros([batch, k], tf.int32)  # tokens it emitted at that frame
