@@ -106,7 +106,7 @@ def compiled_log_mel_batch(config: FeatureConfig):
     (decoding calls it per batch; eager STFT per utterance costs more than the search)."""
     signature = [tf.TensorSpec([None, None], tf.float32), tf.TensorSpec([None], tf.int32)]
     return tf.function(lambda waves, lengths: log_mel_batch(waves, lengths, config),
-                       input_signature=signature)  # fmt: skip
+                       input_signature=signature, autograph=False)  # fmt: skip
 
 
 def log_mel(samples: tf.Tensor, config: FeatureConfig = DEFAULT_FEATURES) -> tf.Tensor:

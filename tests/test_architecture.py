@@ -114,3 +114,36 @@ def test_no_module_imports_another_modules_private_names():
                 private += [f"{path.name}: {node.module}.{a.name}" for a in node.names
                             if a.name.startswith("_") and not a.name.startswith("__")]  # fmt: skip
     assert not private, "\n".join(private)
+
+
+def _tf_functions_with_autograph(source: str) -> list[int]:
+    """Lines naming `tf.function` other than as `tf.function(..., autograph=False)` or
+    `partial(tf.function, ..., autograph=False)` (a bare `@tf.function` included)."""
+
+    def is_tf_function(node) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "function"
+                and isinstance(node.value, ast.Name) and node.value.id == "tf")  # fmt: skip
+
+    def autograph_off(call: ast.Call) -> bool:
+        off = [k.value for k in call.keywords if k.arg == "autograph"]
+        return bool(off) and isinstance(off[0], ast.Constant) and off[0].value is False
+
+    tree = ast.parse(source)
+    allowed = set()
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call) and autograph_off(n)):
+        name = getattr(call.func, "id", None) or getattr(call.func, "attr", None)
+        wrapped = call.args[0] if name == "partial" and call.args else call.func
+        allowed.add(id(wrapped))
+    return sorted(n.lineno for n in ast.walk(tree) if is_tf_function(n) and id(n) not in allowed)
+
+
+def test_every_graph_asrkit_traces_is_traced_without_autograph():
+    """asrkit's graphs are TensorFlow ops and loops, with no Python control flow on tensors:
+    AutoGraph would only re-parse their source at each trace."""
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+             for line in _tf_functions_with_autograph(path.read_text())]  # fmt: skip
+    assert not found, "tf.function without autograph=False:\n" + "\n".join(found)
+    sample = ("f = tf.function(g)\nh = functools.partial(tf.function, jit_compile=True)\n"
+              "k = tf.function(g, autograph=False)\n@tf.function\ndef m(): pass\n"
+              "n = partial(tf.function, autograph=False)\n")  # fmt: skip
+    assert _tf_functions_with_autograph(sample) == [1, 2, 4]

@@ -145,7 +145,7 @@ def _compiled(model, options: DecodeOptions):
     cache = model.__dict__.setdefault("_asrkit_search", {})
     if options not in cache:
 
-        @tf.function(reduce_retracing=True)
+        @tf.function(reduce_retracing=True, autograph=False)
         def run(features, feature_lengths):
             encoded, lengths = model.encode(features, feature_lengths, training=False)
             return search(model, encoded, lengths, options)

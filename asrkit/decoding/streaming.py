@@ -78,8 +78,8 @@ class StreamingDecoder:
         self.max_symbols_per_step, self.beam = max_symbols_per_step, int(beam)
         if self.beam < 1:
             raise ValueError(f"beam must be >= 1, got {beam}")
-        self._compiled = tf.function(self._step, reduce_retracing=True)
-        self._compiled_finish = tf.function(self._finish, reduce_retracing=True)
+        self._compiled = tf.function(self._step, reduce_retracing=True, autograph=False)
+        self._compiled_finish = tf.function(self._finish, reduce_retracing=True, autograph=False)
 
     def initial_state(self) -> StreamState:
         return StreamState(

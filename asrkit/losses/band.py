@@ -104,7 +104,7 @@ def _chunk(enc_c, pred, rows_c, kernel, bias, i, activation):
 
 
 # Graph functions even for eager callers (see asrkit.losses.fused).
-@functools.partial(tf.function, reduce_retracing=True)
+@functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _forward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames, activation):
     def body(i, lse_acc, blank_acc, label_acc):
         _, logits = _chunk(enc_c, pred, rows_c, kernel, bias, i, activation)
@@ -117,7 +117,7 @@ def _forward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames,
     return tuple(stitch(a, frames) for a in arrays)
 
 
-@functools.partial(tf.function, reduce_retracing=True)
+@functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _backward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames, lse_c,
               g_blank_c, g_label_c, activation):  # fmt: skip
     shape = tf.shape(pred)

@@ -126,7 +126,7 @@ def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, 
 
 # Graph functions even for eager callers: a TensorArray in an eager while loop crashes
 # TensorFlow 2.21 when several logical devices are configured (and is slow anyway).
-@functools.partial(tf.function, reduce_retracing=True)
+@functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _forward_chunks(padded, chunks, pred, kernel, bias, next_label, blank, chunk, frames, act):
     """Log-sum-exp, blank and next-label log-probs [B, T, U+1], one chunk at a time."""
 
@@ -142,7 +142,7 @@ def _forward_chunks(padded, chunks, pred, kernel, bias, next_label, blank, chunk
     return tuple(stitch(a, frames) for a in arrays)
 
 
-@functools.partial(tf.function, reduce_retracing=True)
+@functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _backward(padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk, frames, act):
     post_blank, post_label = posteriors(saved, upstream, frames)  # [B, T, U+1]
     post_blank, post_label, lse = (in_chunks(x, chunk)[0]

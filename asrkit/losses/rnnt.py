@@ -196,7 +196,7 @@ def _forward(logits, labels, logit_lengths, label_lengths, blank, fused, delay=0
 # buffer in place, where TensorFlow's TensorScatterSub kernel copies it (2x the logits), and
 # fuses the whole [B, T, U+1, V] expression into one pass. It holds no loop, so compiling
 # it for a new shape is cheap.
-@functools.partial(tf.function, jit_compile=True, reduce_retracing=True)
+@functools.partial(tf.function, jit_compile=True, reduce_retracing=True, autograph=False)
 def _backward(logits, upstream, saved: Lattice, blank, fused):
     """d(Σ_b upstream_b · loss_b)/d logits = upstream_b · (softmax · occupancy − posteriors)."""
     post_blank, post_label = posteriors(saved, upstream, tf.shape(logits)[1])

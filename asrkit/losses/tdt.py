@@ -109,7 +109,7 @@ def _terminal(alpha, blank_t, dur_t, logit_lengths, label_lengths, durations):
     return final
 
 
-@functools.partial(tf.function, reduce_retracing=True)
+@functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _arc_gradients(blank_t, label_t, dur_t, alpha, final, upstream, logit_lengths,
                    label_lengths, durations):  # fmt: skip
     """d(Σ_b upstream_b · log P_b) / d(blank_t, label_t, dur_t): each arc's posterior,
@@ -140,7 +140,7 @@ def _arc_gradients(blank_t, label_t, dur_t, alpha, final, upstream, logit_length
     return g_blank, g_label, tf.stack(g_dur, axis=-1)
 
 
-@functools.partial(tf.function, reduce_retracing=True)
+@functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _betas(blank_t, label_t, dur_t, logit_lengths, label_lengths, durations):
     """beta [T + max(d) + 1, B, U+1]: log of the paths from (t, u) to the end, frames past
     T included (0 at (T_b, U_b), the end; LOG_ZERO elsewhere at and past T_b)."""
@@ -188,7 +188,7 @@ def _betas(blank_t, label_t, dur_t, logit_lengths, label_lengths, durations):
 
 # A graph function even for eager callers: a TensorArray in an eager while loop fails in
 # TensorFlow 2.21 (see asrkit.losses.fused).
-@functools.partial(tf.function, reduce_retracing=True)
+@functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _alphas(blank_t, label_t, dur_t, durations):
     """alpha [T, B, U+1] of the time-major per-cell log-probs."""
     shape = tf.shape(blank_t)
@@ -322,7 +322,7 @@ def _chunk(enc_c, pred, kernel, bias, dkernel, dbias, i, activation):
 
 
 # Graph functions even for eager callers (see asrkit.losses.fused).
-@functools.partial(tf.function, reduce_retracing=True)
+@functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _forward(enc_c, pred, kernel, bias, dkernel, dbias, next_label, blank, chunks, frames,
              activation):  # fmt: skip
     def body(i, lse_acc, blank_acc, label_acc, dur_acc):
@@ -339,7 +339,7 @@ def _forward(enc_c, pred, kernel, bias, dkernel, dbias, next_label, blank, chunk
     return tuple(stitch(a, frames) for a in arrays)
 
 
-@functools.partial(tf.function, reduce_retracing=True)
+@functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _backward(enc_c, pred, kernel, bias, dkernel, dbias, next_label, blank, chunks, frames,
               activation, lse_c, g_blank_c, g_label_c, g_dur_c):  # fmt: skip
     labels = next_label[:, None, :]  # [B, 1, U+1]

@@ -166,7 +166,7 @@ def _chunk_am(enc_c, kernel, bias, i):
 
 
 # Graph functions even for eager callers (see asrkit.losses.fused).
-@functools.partial(tf.function, reduce_retracing=True)
+@functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _forward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, smoothing,
              chunks, frames):  # fmt: skip
     lm_max_row = tf.transpose(lm_max, [0, 2, 1])  # [B, 1, U+1]
@@ -190,7 +190,7 @@ def _forward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, sm
     return norm, am_label, am_blank[..., 0], am_norm[..., 0], am_max[..., 0]
 
 
-@functools.partial(tf.function, reduce_retracing=True)
+@functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _backward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, smoothing,
               chunks, frames, chunk, norm, am_norm, am_max, g_norm, g_label, g_blank,
               g_am_norm):  # fmt: skip

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import keras
@@ -210,6 +211,7 @@ class AccumulatingModel(keras.Model):
             self._engine.epoch_count.assign(0.0)
 
     # ---------------------------------------------------------------------------- evaluate
+    @tf.autograph.experimental.do_not_convert  # Keras traces it; see make_train_function
     def test_step(self, data):
         loss_sum, count = self.compute_loss_terms(data, training=False)
         self._loss_tracker.update_state(loss_sum, count)
@@ -224,7 +226,11 @@ class AccumulatingModel(keras.Model):
     def make_train_function(self, force: bool = False):
         if self.train_function is not None and not force:
             return self.train_function
-        wrap = (lambda f: f) if self.run_eagerly else tf.function
+        # The engine, the task and the losses are written in TensorFlow ops and loops
+        # (no Python control flow on tensors), so AutoGraph has nothing to convert: left on,
+        # it re-parses their source at every trace (57 functions, 196 times, in one check
+        # of a pruned-loss update).
+        wrap = (lambda f: f) if self.run_eagerly else partial(tf.function, autograph=False)
         micro, reduce = wrap(self._micro_function), wrap(self._reduce_function)
         apply, skip = wrap(self._apply_window), wrap(self._skip_window)
         steps, limit = self._accumulation.steps, self._accumulation.max_consecutive_skips
@@ -410,7 +416,7 @@ def _per_replica_compiled(fn):
         if int(replica) not in compiled:
             # Traced per input shape (XLA compiles per shape anyway): static shapes let
             # size arguments, such as the fused loss's chunk count, be compile-time constants.
-            compiled[int(replica)] = tf.function(fn, jit_compile=True)
+            compiled[int(replica)] = tf.function(fn, jit_compile=True, autograph=False)
         return compiled[int(replica)](*args)
 
     return run

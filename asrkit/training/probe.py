@@ -83,7 +83,7 @@ def forward_backward(model, jit_compile: bool = False, num_mel_bins: int | None 
             tf.TensorSpec([None], tf.int32),
         )]  # fmt: skip
 
-    @tf.function(jit_compile=jit_compile, input_signature=signature)
+    @tf.function(jit_compile=jit_compile, input_signature=signature, autograph=False)
     def step(batch):
         with tf.GradientTape() as tape:
             loss_sum, _ = model.compute_loss_terms(batch, training=True)
