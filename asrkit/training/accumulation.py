@@ -228,8 +228,7 @@ class AccumulatingModel(keras.Model):
             return self.train_function
         # The engine, the task and the losses are written in TensorFlow ops and loops
         # (no Python control flow on tensors), so AutoGraph has nothing to convert: left on,
-        # it re-parses their source at every trace (57 functions, 196 times, in one check
-        # of a pruned-loss update).
+        # it would re-parse their source at every trace.
         wrap = (lambda f: f) if self.run_eagerly else partial(tf.function, autograph=False)
         micro, reduce = wrap(self._micro_function), wrap(self._reduce_function)
         apply, skip = wrap(self._apply_window), wrap(self._skip_window)
