@@ -27,6 +27,7 @@ is kept from all-reducing it a second time. The private Keras hooks this needs a
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -35,7 +36,11 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from asrkit.training.keras_hooks import gradients_already_reduced, install_loss_tracker
+from asrkit.training.keras_hooks import (
+    gradients_already_reduced,
+    install_loss_tracker,
+    release_epoch_iterator,
+)
 from asrkit.training.loss_scale import LossScaleSettings, unwrap_optimizer
 
 
@@ -112,6 +117,9 @@ class AccumulatingModel(keras.Model):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._engine = None
+        # The epoch iterators of the fit/evaluate calls running now (a plain list, out of
+        # Keras' attribute tracking), released as each call returns.
+        object.__setattr__(self, "_epoch_iterators", [])
 
     def compute_loss_terms(self, data, training: bool = True) -> tuple[tf.Tensor, tf.Tensor]:
         """Forward pass on one micro-batch shard: (scalar sum of item losses, item count)."""
@@ -179,7 +187,10 @@ class AccumulatingModel(keras.Model):
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras' version draws the first distributed batch and reduces it with MEAN across
         # replicas, which fails for odd global batch sizes. `fit`/`evaluate` here build from
-        # a real batch before Keras gets there, so there is nothing left to do.
+        # a real batch before Keras gets there, so there is nothing left to do but note
+        # the epoch iterator, to release it when the call returns.
+        if iterator is not None:
+            self._epoch_iterators.append(iterator)
         if self._engine is None and not self.built:
             raise RuntimeError("AccumulatingModel: model not built; call fit() or build_engine()")
 
@@ -195,14 +206,27 @@ class AccumulatingModel(keras.Model):
             # Keras warns at the end of every epoch of a dataset of unknown length; here
             # that is the normal way an epoch ends.
             warnings.filterwarnings("ignore", message="Your input ran out of data")
-            return super().fit(x, **kwargs)
+            with self._releasing_epoch_iterators():
+                return super().fit(x, **kwargs)
 
     def evaluate(self, x=None, y=None, **kwargs):
         if y is not None:
             raise ValueError("AccumulatingModel.evaluate takes a dataset; y must be None")
         if not self.built:
             self.build_engine(_first_element(x))
-        return super().evaluate(x, **kwargs)
+        with self._releasing_epoch_iterators():
+            return super().evaluate(x, **kwargs)
+
+    @contextlib.contextmanager
+    def _releasing_epoch_iterators(self):
+        """Frees the dataset iterators of one fit/evaluate call when it returns or raises,
+        so their threads and prefetched batches do not wait for the garbage collector."""
+        opened = len(self._epoch_iterators)
+        try:
+            yield
+        finally:
+            while len(self._epoch_iterators) > opened:
+                release_epoch_iterator(self._epoch_iterators.pop())
 
     def reset_metrics(self):
         super().reset_metrics()

@@ -22,6 +22,13 @@ loudly when a Keras release changes it:
    Keras optimizer finds a weight's own slots inside `update_step` (the weight arrives
    there as the strategy's per-device value); `FactoredAdafactor` keeps its factored
    slots in lists indexed by it. Test: `test_variable_index_finds_each_weights_slot`.
+6. `release_epoch_iterator(epoch_iterator)` — the epoch iterator that `fit`/`evaluate`
+   pass to `_maybe_symbolic_build` keeps the dataset iterator in a generator that refers
+   back to it: a reference cycle, so after `fit` returns the tf.data iterator (its
+   background threads, its prefetched batches) would live until a full garbage
+   collection, which then waits for those threads wherever it happens to run. Its
+   `reset()` drops the generator and the iterator. Test:
+   `test_fit_and_evaluate_free_their_dataset_iterators_without_the_collector`.
 """
 
 from __future__ import annotations
@@ -67,6 +74,17 @@ def install_loss_tracker(model: keras.Model, metric: keras.metrics.Metric) -> No
             "asrkit's evaluate() loss needs updating."
         )
     object.__setattr__(model, _LOSS_TRACKER, metric)
+
+
+def release_epoch_iterator(epoch_iterator) -> None:
+    """Drops the dataset iterator a Keras epoch iterator holds (see item 6 above)."""
+    reset = getattr(epoch_iterator, "reset", None)
+    if reset is None:
+        raise RuntimeError(
+            f"{type(epoch_iterator).__name__} has no reset(): this Keras version changed "
+            "its epoch iterator; asrkit's AccumulatingModel.fit needs updating."
+        )
+    reset()
 
 
 def variable_index(optimizer, variable) -> int:

@@ -1,8 +1,13 @@
 """The Keras behaviour asrkit's engine relies on. A failure here means Keras changed: update
 `asrkit/training/keras_hooks.py`, where every private hook is listed."""
 
+import contextlib
+import gc
+import weakref
+
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from asrkit.training.accumulation import AccumulatingModel, WindowMean
@@ -111,3 +116,41 @@ def test_variable_index_finds_each_weights_slot(mirrored):
 
     step()
     assert sorted(set(found)) == [(0, True), (1, True), (2, True)]
+
+
+@pytest.mark.parametrize("distributed", [False, True], ids=["default", "mirrored"])
+def test_fit_and_evaluate_free_their_dataset_iterators_without_the_collector(
+    distributed, mirrored, monkeypatch
+):
+    """Keras' epoch iterator holds the dataset iterator in a reference cycle; left to the
+    garbage collector, its threads would be joined inside whatever code runs next. Every
+    dataset iterator fit() and evaluate() open must be gone when they return, with the
+    collector off."""
+    from tensorflow.python.data.ops import iterator_ops
+
+    opened = []
+    init = iterator_ops.OwnedIterator.__init__
+
+    def tracked(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        opened.append(weakref.ref(self))
+
+    monkeypatch.setattr(iterator_ops.OwnedIterator, "__init__", tracked)
+    scope = mirrored.scope() if distributed else contextlib.nullcontext()
+    batches = make_batches([4, 2, 4, 6])
+    with scope:
+        model = TokenRegressor()
+        model.compile(keras.optimizers.SGD(0.1), accumulation_steps=2)
+    model.build_engine(batches[0])
+    gc.collect()
+    gc.disable()
+    try:
+        for call in (model.fit, model.evaluate):
+            before = len(opened)
+            for unknown_length in (False, True):
+                call(make_dataset(batches, unknown_length=unknown_length), verbose=0)
+            assert len(opened) > before, f"{call.__name__} opened no dataset iterator"
+            alive = [ref for ref in opened if ref() is not None]
+            assert not alive, f"{len(alive)} dataset iterator(s) left after {call.__name__}"
+    finally:
+        gc.enable()
