@@ -49,7 +49,7 @@ def run(loss: str, batch: int, frames: int, labels: int, vocab: int, chunk_mb: f
     chunk_bytes = int(chunk_mb * 2**20)
     lengths = (label_ids, frame_counts, label_counts)
 
-    @tf.function
+    @tf.function(autograph=False)
     def step(encoded, predicted):
         with tf.GradientTape() as tape:
             tape.watch([encoded, predicted])

@@ -67,7 +67,7 @@ def run_one(shape: tuple[int, int, int, int], impl: str, xla: bool, reps: int) -
     label_lengths = tf.fill([batch], max_u)
     loss_fn = rnnt_loss if impl == "asrkit" else _autodiff_baseline
 
-    @tf.function(jit_compile=xla)
+    @tf.function(jit_compile=xla, autograph=False)
     def step(x):
         with tf.GradientTape() as tape:
             tape.watch(x)

@@ -97,8 +97,9 @@ def _asrkit(request: dict) -> dict:
         config, network, normalize = experiment.config, experiment.network, experiment.normalizer
         options = DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
         encode = tf.function(lambda f, n: network.encode(f, n, training=False),
-                             reduce_retracing=True)  # fmt: skip
-        find = tf.function(lambda e, n: search(network, e, n, options), reduce_retracing=True)
+                             reduce_retracing=True, autograph=False)  # fmt: skip
+        find = tf.function(lambda e, n: search(network, e, n, options),
+                           reduce_retracing=True, autograph=False)  # fmt: skip
         seconds = sum(len(w) for w in waves) / 16000
         for per_call in (1, 16):
             groups = [waves[i : i + per_call] for i in range(0, len(waves), per_call)]
@@ -131,7 +132,7 @@ def _asrkit(request: dict) -> dict:
             labels = tf.constant(rng.integers(1, v, (b, u)), tf.int32)
             t_len, u_len = tf.fill([b], t), tf.fill([b], u)
 
-            @tf.function
+            @tf.function(autograph=False)
             def step(logits=logits, labels=labels, t_len=t_len, u_len=u_len):
                 with tf.GradientTape() as tape:
                     loss = tf.reduce_sum(rnnt_loss(logits, labels, t_len, u_len))

@@ -179,7 +179,7 @@ def _fit_to_the_real_clips(work: Path, steps: int = 300):
         tail = int(rng.uniform(0.0, 0.8) * RATE)
         return np.concatenate([before[len(before) - head :], clip, after[:tail]])
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)
     def step(features, feature_lengths):
         with tf.GradientTape() as tape:
             encoded, lengths = network.encode(features, feature_lengths, training=True)

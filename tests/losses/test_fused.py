@@ -92,7 +92,7 @@ def test_a_small_budget_means_many_chunks_and_the_same_result():
 def test_xla_compiled_equals_eager():
     case = _case(seed=5)
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def compiled(*args):
         return _losses_and_grads(lambda *a: fused_joint_rnnt_loss(*a, chunk_frames=3), *args)
 
@@ -151,7 +151,7 @@ def test_xla_with_unknown_shapes_picks_its_chunk_at_compile_time():
             tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32),
             tf.TensorSpec([None], tf.int32)]  # fmt: skip
 
-    @tf.function(jit_compile=True, input_signature=spec)
+    @tf.function(jit_compile=True, input_signature=spec, autograph=False)
     def compiled(enc, pred, labels, frame_lengths, label_lengths):
         return _losses_and_grads(
             lambda *a: fused_joint_rnnt_loss(*a, chunk_bytes=4096), enc, pred, kernel, bias,

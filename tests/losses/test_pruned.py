@@ -243,7 +243,7 @@ def test_the_whole_pruned_recipe_compiles_with_xla_and_matches_eager():
         return simple, pruned, tape.gradient(total, args)
 
     eager = with_grads(enc, pred, am, lm)
-    compiled = tf.function(with_grads, jit_compile=True)(enc, pred, am, lm)
+    compiled = tf.function(with_grads, jit_compile=True, autograph=False)(enc, pred, am, lm)
     for got, want in zip(tf.nest.flatten(compiled), tf.nest.flatten(eager), strict=True):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
 

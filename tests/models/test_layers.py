@@ -105,7 +105,7 @@ def test_layer_contract(name):
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
     assert type(restored) is type(layer)
     # Eager == graph.
-    np.testing.assert_allclose(tf.function(lambda: run(layer))(), out, atol=1e-5)
+    np.testing.assert_allclose(tf.function(lambda: run(layer), autograph=False)(), out, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["conformer_block", "conformer", "lstm_encoder", "joint"])
@@ -199,7 +199,7 @@ def test_an_empty_batch_runs_in_graph_mode_with_no_loss_and_no_items(kind):
     spec = (tf.TensorSpec([None, None, 80]), tf.TensorSpec([None], tf.int32),
             tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.int32))  # fmt: skip
 
-    @tf.function(input_signature=[spec])
+    @tf.function(input_signature=[spec], autograph=False)
     def terms_and_grads(batch):
         with tf.GradientTape() as tape:
             loss_sum, count = model.compute_loss_terms(batch, True)

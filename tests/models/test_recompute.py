@@ -43,7 +43,7 @@ def _loss_and_grads(kind, recompute, graph):
             loss_sum, _ = task.compute_loss_terms(batch, training=True)
         return loss_sum, tape.gradient(loss_sum, task.trainable_variables)
 
-    run = tf.function(step) if graph else step
+    run = tf.function(step, autograph=False) if graph else step
     return [run(BATCH) for _ in range(2)]  # two calls: the seed stream advances alike
 
 

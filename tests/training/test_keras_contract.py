@@ -26,7 +26,7 @@ def _apply_known_gradient(strategy, hook):
         optimizer = keras.optimizers.SGD(1.0)
         optimizer.build([var])
 
-    @tf.function
+    @tf.function(autograph=False)
     def step():
         def replica_fn():
             optimizer.apply([tf.constant([1.0, 2.0, 3.0])], [var])
@@ -110,7 +110,7 @@ def test_variable_index_finds_each_weights_slot(mirrored):
 
     optimizer.update_step = record
 
-    @tf.function
+    @tf.function(autograph=False)
     def step():
         mirrored.run(lambda: optimizer.apply([tf.ones(v.shape) for v in variables], variables))
 
