@@ -67,11 +67,10 @@ def greedy_continue(
             best_log_prob = tf.reduce_max(log_probs, axis=-1)
             scores += tf.where(active, best_log_prob, 0.0)
             emit = tf.logical_and(active, best != BLANK_ID)
-            tokens, token_frames, log_ps, counts = record_emissions(
-                emit, best, tf.zeros_like(counts) + (t + first_frame), best_log_prob,
-                tokens, token_frames, log_ps, counts,
+            (tokens, token_frames, log_ps, counts), (pred_out, state) = emit_and_advance(
+                predictor, emit, best, tf.zeros_like(counts) + (t + first_frame), best_log_prob,
+                (tokens, token_frames, log_ps, counts), (pred_out, state),
             )  # fmt: skip
-            pred_out, state = advance_where(predictor, emit, best, pred_out, state)
             return s + 1, emit, pred_out, state, tokens, token_frames, log_ps, counts, scores
 
         loop = tf.while_loop(
@@ -87,6 +86,19 @@ def greedy_continue(
         [0, pred_out, state, tokens, token_frames, token_log_probs, counts, scores],
     )
     return Found(*result[3:]), (result[1], result[2])
+
+
+def emit_and_advance(predictor, emit, best, frames, best_log_prob, found, carry):
+    """`record_emissions` and `advance_where`, run only when some row emits: a step where
+    every row emits blank (most steps, and every one of a single utterance's blank frames)
+    leaves `found` (tokens, token_frames, log_ps, counts) and `carry` (pred_out, state)
+    as they are without the scatters or a predictor step."""
+
+    def emitted():
+        recorded = record_emissions(emit, best, frames, best_log_prob, *found)
+        return recorded, advance_where(predictor, emit, best, *carry)
+
+    return tf.cond(tf.reduce_any(emit), emitted, lambda: (found, carry))
 
 
 def record_emissions(emit, best, frames, best_log_prob, tokens, token_frames, log_ps, counts):

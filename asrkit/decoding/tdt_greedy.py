@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
-from asrkit.decoding.greedy import advance_where, record_emissions
+from asrkit.decoding.greedy import emit_and_advance
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step
@@ -68,12 +68,12 @@ def tdt_greedy_continue(
         scores += tf.where(active, best_log_prob + tf.reduce_max(duration_log_probs, -1), 0.0)
         emit = active & (best != BLANK_ID)
         skip = tf.where((best == BLANK_ID) & (skip == 0), 1, skip)
-        tokens, token_frames, log_ps, counts = record_emissions(
-            emit, best, t + first_frame, best_log_prob, tokens, token_frames, log_ps, counts
-        )
+        (tokens, token_frames, log_ps, counts), (pred_out, state) = emit_and_advance(
+            predictor, emit, best, t + first_frame, best_log_prob,
+            (tokens, token_frames, log_ps, counts), (pred_out, state),
+        )  # fmt: skip
         run = tf.where(emit, tf.where(last == t, run + 1, 1), run)
         last = tf.where(emit, t, last)
-        pred_out, state = advance_where(predictor, emit, best, pred_out, state)
         forced = emit & (skip == 0) & (run >= max_symbols_per_step)
         t = tf.where(active, t + skip + tf.cast(forced, tf.int32), t)
         return t, pred_out, state, run, last, tokens, token_frames, log_ps, counts, scores
