@@ -69,12 +69,14 @@ class LSTMPredictor(CompositeLayer):
 
     def step(self, tokens, state):
         """tokens [B] (the last emitted label, blank at the start) -> ([B, units], new state)."""
-        x = self._embed(tokens)[:, None, :]
+        x = self._embed(tokens)
         new_state = []
         for lstm, (h, c) in zip(self.lstms, state, strict=True):
-            x, h, c = lstm(x, initial_state=[h, c])
+            # the cell itself: one step needs no time loop, and a loop's tensor lists inside
+            # the search's conditional branch are what LiteRT cannot lower
+            x, (h, c) = lstm.cell(x, [h, c])
             new_state.append((h, c))
-        return x[:, 0, :], new_state
+        return x, new_state
 
     def get_config(self):
         return {
