@@ -2,9 +2,10 @@
 
 At each encoder frame the joint is evaluated on the current predictor state; while the
 best symbol is not blank (and at most `max_symbols_per_step` times per frame) it is emitted
-and the predictor advances. Rows are independent: a row past its `encoder_lengths` emits
-nothing, and per-row `tf.where` keeps the others' predictor states untouched. Uses only
-the model's `encode`, `predictor.step` and `join`.
+and the predictor advances. The search takes these decisions a window of frames at a time
+(`greedy_continue`). Rows are independent: a row past its `encoder_lengths` emits nothing,
+and per-row `tf.where` keeps the others' predictor states untouched. Uses the model's
+`encode`, `predictor.step` and the joint's projections, activation and output layer.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from asrkit.decoding.found import Found
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
+WINDOW = 8  # frames a greedy step looks ahead for the next non-blank symbol
 
 
-def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = SYMBOLS):
+def greedy_search(
+    model, encoded, encoder_lengths, max_symbols_per_step: int = SYMBOLS, window: int = WINDOW
+):
     """encoded [B, T, D] -> `Found` with tokens/frames/token_log_probs [B, T·S], counts [B],
     scores [B].
 
@@ -27,7 +31,9 @@ def greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = S
     with an inner loop over symbols, so it compiles into one graph.
     """
     start = greedy_start(model, tf.shape(encoded)[0])
-    found, _ = greedy_continue(model, encoded, encoder_lengths, start, max_symbols_per_step)
+    found, _ = greedy_continue(
+        model, encoded, encoder_lengths, start, max_symbols_per_step, window=window
+    )
     return found
 
 
@@ -38,67 +44,89 @@ def greedy_start(model, batch):
 
 
 def greedy_continue(
-    model, encoded, encoder_lengths, carry, max_symbols_per_step: int = SYMBOLS, first_frame=0
-):
+    model, encoded, encoder_lengths, carry, max_symbols_per_step: int = SYMBOLS, first_frame=0,
+    window: int = WINDOW,
+):  # fmt: skip
     """Greedy search over `encoded` from a carry (`greedy_start`, or what an earlier call on
     the frames before returned) -> (`Found`, the carry after these frames). Token frames
     count from `first_frame`, so a stream decoded piece by piece finds what one call on
-    the whole utterance finds (scores are per call)."""
+    the whole utterance finds (scores are per call).
+
+    The decisions are those of the frame-by-frame loop (at each frame, symbols until blank
+    or `max_symbols_per_step` of them), taken `window` frames at a time: each row joins
+    its current predictor state with its next `window` frames at once, emits blank up to
+    the first frame whose best symbol is not blank, emits that symbol and advances its
+    predictor. A run of blank frames thus costs one step per `window` frames, not one per
+    frame. The encoder's half of the joint is projected once for all frames."""
     batch, frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
     capacity = frames * max_symbols_per_step
-    predictor = model.predictor
+    predictor, joint = model.predictor, model.joint
+    lengths = tf.cast(encoder_lengths, tf.int32)
+    projected = joint.encoder_proj(encoded)  # [B, T, D]
+    offsets = tf.range(window)
     pred_out, state = carry
-    tokens = tf.fill([batch, capacity], -1)
-    token_frames = tf.fill([batch, capacity], -1)
-    token_log_probs = tf.zeros([batch, capacity], tf.float32)
-    counts = tf.zeros([batch], tf.int32)
-    scores = tf.zeros([batch], tf.float32)
+    loop = [
+        tf.zeros([batch], tf.int32), tf.zeros([batch], tf.int32), pred_out, state,
+        joint.predictor_proj(pred_out), tf.fill([batch, capacity], -1),
+        tf.fill([batch, capacity], -1), tf.zeros([batch, capacity], tf.float32),
+        tf.zeros([batch], tf.int32), tf.zeros([batch], tf.float32),
+    ]  # fmt: skip
 
-    def frame_body(t, pred_out, state, tokens, token_frames, token_log_probs, counts, scores):
-        frame = encoded[:, t, :]
-        active = t < encoder_lengths
-
-        def symbol_cond(s, active, *_):
-            return tf.logical_and(s < max_symbols_per_step, tf.reduce_any(active))
-
-        def symbol_body(s, active, pred_out, state, tokens, token_frames, log_ps, counts, scores):
-            log_probs = tf.nn.log_softmax(tf.cast(model.join(frame, pred_out), tf.float32))
-            best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
-            best_log_prob = tf.reduce_max(log_probs, axis=-1)
-            scores += tf.where(active, best_log_prob, 0.0)
-            emit = tf.logical_and(active, best != BLANK_ID)
-            (tokens, token_frames, log_ps, counts), (pred_out, state) = emit_and_advance(
-                predictor, emit, best, tf.zeros_like(counts) + (t + first_frame), best_log_prob,
-                (tokens, token_frames, log_ps, counts), (pred_out, state),
-            )  # fmt: skip
-            return s + 1, emit, pred_out, state, tokens, token_frames, log_ps, counts, scores
-
-        loop = tf.while_loop(
-            symbol_cond,
-            symbol_body,
-            [0, active, pred_out, state, tokens, token_frames, token_log_probs, counts, scores],
+    def body(t, run, pred_out, state, pred_proj, tokens, token_frames, log_ps, counts, scores):
+        # t: each row's next frame; run: symbols it has emitted at frame t already
+        active = t < lengths
+        at = t[:, None] + offsets  # [B, W]
+        valid = at < lengths[:, None]
+        hidden = joint.activate(
+            tf.gather(projected, tf.minimum(at, frames - 1), axis=1, batch_dims=1)
+            + pred_proj[:, None, :]
         )
-        return (t + 1, *loop[2:])
+        log_probs = tf.nn.log_softmax(tf.cast(joint.output_layer(hidden), tf.float32))
+        best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B, W]
+        best_log_prob = tf.reduce_max(log_probs, axis=-1)
+        # the first frame of the window whose best symbol is not blank (window: none)
+        first = tf.reduce_min(tf.where(valid & (best != BLANK_ID), offsets, window), axis=1)
+        emit = first < window
+        blanks = valid & (offsets < first[:, None])
+        at_first = tf.minimum(first, window - 1)[:, None]
+        symbol = tf.gather(best, at_first, batch_dims=1)[:, 0]
+        symbol_log_prob = tf.gather(best_log_prob, at_first, batch_dims=1)[:, 0]
+        scores += tf.reduce_sum(tf.where(blanks, best_log_prob, 0.0), axis=1)
+        scores += tf.where(emit, symbol_log_prob, 0.0)
+        (tokens, token_frames, log_ps, counts), (pred_out, state, pred_proj) = emit_and_advance(
+            predictor, emit, symbol, t + first + first_frame, symbol_log_prob,
+            (tokens, token_frames, log_ps, counts), (pred_out, state),
+            project=joint.predictor_proj, projected=pred_proj,
+        )  # fmt: skip
+        run = tf.where(first > 0, 0, run) + 1
+        full = emit & (run >= max_symbols_per_step)  # this frame has had its symbols
+        t = tf.where(emit, t + first + tf.cast(full, tf.int32), t + window)
+        run = tf.where(emit & ~full, run, 0)
+        t = tf.where(active, t, lengths)
+        return t, run, pred_out, state, pred_proj, tokens, token_frames, log_ps, counts, scores
 
-    result = tf.while_loop(
-        lambda t, *_: t < frames,
-        frame_body,
-        [0, pred_out, state, tokens, token_frames, token_log_probs, counts, scores],
-    )
-    return Found(*result[3:]), (result[1], result[2])
+    result = tf.while_loop(lambda t, *_: tf.reduce_any(t < lengths), body, loop)
+    return Found(*result[5:]), (result[2], result[3])
 
 
-def emit_and_advance(predictor, emit, best, frames, best_log_prob, found, carry):
+def emit_and_advance(
+    predictor, emit, best, frames, best_log_prob, found, carry, project=None, projected=None
+):
     """`record_emissions` and `advance_where`, run only when some row emits: a step where
     every row emits blank (most steps, and every one of a single utterance's blank frames)
     leaves `found` (tokens, token_frames, log_ps, counts) and `carry` (pred_out, state)
-    as they are without the scatters or a predictor step."""
+    as they are without the scatters or a predictor step. With `project` (a layer) the
+    carry also holds `projected`, project(pred_out), kept up to date with it."""
 
     def emitted():
         recorded = record_emissions(emit, best, frames, best_log_prob, *found)
-        return recorded, advance_where(predictor, emit, best, *carry)
+        pred_out, state = advance_where(predictor, emit, best, *carry)
+        if project is None:
+            return recorded, (pred_out, state)
+        return recorded, (pred_out, state, project(pred_out))
 
-    return tf.cond(tf.reduce_any(emit), emitted, lambda: (found, carry))
+    unchanged = carry if project is None else (*carry, projected)
+    return tf.cond(tf.reduce_any(emit), emitted, lambda: (found, unchanged))
 
 
 def record_emissions(emit, best, frames, best_log_prob, tokens, token_frames, log_ps, counts):

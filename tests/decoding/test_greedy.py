@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from asrkit.decoding import greedy_decode
+from asrkit.decoding.greedy import greedy_search
 from asrkit.tokenizer import BLANK_ID
 
 
@@ -46,3 +47,68 @@ def test_batched_greedy_equals_one_by_one_reference(model, max_symbols):
         if frames:
             assert max(np.bincount(frames)) <= max_symbols
     assert emitted > 0
+
+
+class ScriptedTransducer:
+    """A transducer whose decisions are a table: with n symbols emitted so far, at frame t
+    the best symbol is 1 where table[t, n] > 0, else blank. The predictor's output is the
+    one-hot of n; the joint picks table[t, n] as symbol 1's logit (blank's is 0)."""
+
+    def __init__(self, slots):
+        self.slots = slots
+        self.predictor = self
+        self.joint = self
+        self.encoder_proj = self.predictor_proj = tf.identity
+
+    def initial_state(self, batch):
+        return tf.fill([batch, 1], -1)  # [B, 1]: n - 1
+
+    def step(self, tokens, state):
+        count = state + 1
+        return tf.one_hot(count[:, 0], self.slots) * 100.0 - 100.0, count
+
+    def activate(self, hidden):
+        return hidden
+
+    def output_layer(self, hidden):
+        return tf.stack([tf.zeros_like(hidden[..., 0]), tf.reduce_max(hidden, -1)], -1)
+
+
+def scripted_reference(table, length, max_symbols):
+    tokens, frames, score, count = [], [], 0.0, 0
+    for t in range(length):
+        for _ in range(max_symbols):
+            logit = table[t, count]
+            score += -np.log1p(np.exp(-abs(logit)))  # the chosen symbol's log-posterior
+            if logit < 0:
+                break
+            tokens.append(1)
+            frames.append(t)
+            count += 1
+    return tokens, frames, score
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+@pytest.mark.parametrize("max_symbols", [1, 2, 3])
+def test_any_window_takes_the_frame_by_frame_decisions(window, max_symbols):
+    """The search looks `window` frames ahead for the next symbol: on random decision
+    tables (blank runs longer and shorter than the window, one or several symbols at a
+    frame) every window size takes the decisions of the frame-by-frame reference."""
+    rng = np.random.default_rng(window * 10 + max_symbols)
+    lengths, frames = [40, 27, 11, 1, 0, 33], 40
+    slots = frames * max_symbols + 1
+    tables = np.where(rng.random((len(lengths), frames, slots)) < 0.35, 1.0, -1.0)
+    tables[0, 5:25] = -1.0  # a blank run beyond any window
+    found = greedy_search(
+        ScriptedTransducer(slots), tf.constant(tables, tf.float32), tf.constant(lengths),
+        max_symbols, window=window,
+    )  # fmt: skip
+    per_frame = []
+    for b, n in enumerate(lengths):
+        tokens, token_frames, score = scripted_reference(tables[b], n, max_symbols)
+        count = int(found.counts[b])
+        assert found.tokens[b, :count].numpy().tolist() == tokens
+        assert found.frames[b, :count].numpy().tolist() == token_frames
+        assert float(found.scores[b]) == pytest.approx(score, rel=1e-5, abs=1e-4)
+        per_frame += np.bincount(token_frames, minlength=n).tolist()
+    assert set(per_frame) == set(range(max_symbols + 1))  # every count of symbols at a frame
