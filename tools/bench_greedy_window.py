@@ -1,9 +1,9 @@
 """Greedy search's look-ahead window: search time per window size on one experiment.
 
-The greedy RNN-T search takes its decisions `window` frames at a time (`asrkit.decoding.
-greedy`); every window size finds the same tokens. This times the search alone (encoder
-outputs computed beforehand) for each size, at 1 and 16 utterances per call, and checks
-that the tokens equal those of window 1:
+The greedy searches take their decisions `window` frames at a time (`asrkit.decoding.greedy`
+for RNN-T, `asrkit.decoding.tdt_greedy` for TDT); every window size finds the same tokens.
+This times the search alone (encoder outputs computed beforehand) for each size, at 1 and
+16 utterances per call, and checks that the tokens equal those of the first size:
 
     python tools/bench_greedy_window.py --exp-dir EXP --manifest data/test-clean.jsonl \
         [--utterances 64] [--windows 1 2 4 8 16 32] [--repeats 5]
@@ -23,7 +23,7 @@ from pathlib import Path
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--exp-dir", required=True, help="an RNN-T experiment (not TDT)")
+    parser.add_argument("--exp-dir", required=True, help="an RNN-T or TDT experiment")
     parser.add_argument("--manifest", required=True, help="asrkit manifest (.jsonl) of audio")
     parser.add_argument("--utterances", type=int, default=64)
     parser.add_argument("--windows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
@@ -35,6 +35,7 @@ def main() -> None:
 
     from asrkit.decoding.greedy import greedy_search
     from asrkit.decoding.runner import featurise_samples
+    from asrkit.decoding.tdt_greedy import tdt_greedy_search
     from asrkit.experiment import load_experiment
 
     experiment = load_experiment(args.exp_dir)
@@ -46,6 +47,7 @@ def main() -> None:
     encode = tf.function(lambda f, n: network.encode(f, n, training=False),
                          reduce_retracing=True, autograph=False)  # fmt: skip
     symbols = config.decode.max_symbols_per_step
+    greedy = tdt_greedy_search if network.joint.durations else greedy_search
     for per_call in (1, 16):
         groups = [waves[i : i + per_call] for i in range(0, len(waves), per_call)]
         batches = [featurise_samples(g, config.features, experiment.normalizer) for g in groups]
@@ -53,7 +55,7 @@ def main() -> None:
         first = None
         for window in args.windows:
             search = tf.function(
-                lambda e, n, window=window: greedy_search(network, e, n, symbols, window=window),
+                lambda e, n, window=window: greedy(network, e, n, symbols, window=window),
                 reduce_retracing=True, autograph=False,
             )  # fmt: skip
             tokens = [search(e, n).tokens.numpy().tolist() for e, n in encoded]  # warm-up

@@ -16,17 +16,21 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
-from asrkit.decoding.greedy import emit_and_advance
+from asrkit.decoding.greedy import WINDOW, emit_and_advance
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step
 
 
-def tdt_greedy_search(model, encoded, encoder_lengths, max_symbols_per_step: int = SYMBOLS):
+def tdt_greedy_search(
+    model, encoded, encoder_lengths, max_symbols_per_step: int = SYMBOLS, window: int = WINDOW
+):
     """encoded [B, T, D] -> `Found` (tokens, frames, token log-probs [B, T·S], counts [B],
     scores [B]: the sum of the chosen symbols' and durations' log-probs)."""
     carry = tdt_greedy_start(model, tf.shape(encoded)[0])
-    found, _ = tdt_greedy_continue(model, encoded, encoder_lengths, carry, max_symbols_per_step)
+    found, _ = tdt_greedy_continue(
+        model, encoded, encoder_lengths, carry, max_symbols_per_step, window=window
+    )
     return found
 
 
@@ -39,51 +43,85 @@ def tdt_greedy_start(model, batch):
 
 
 def tdt_greedy_continue(
-    model, encoded, encoder_lengths, carry, max_symbols_per_step: int = SYMBOLS, first_frame=0
-):
+    model, encoded, encoder_lengths, carry, max_symbols_per_step: int = SYMBOLS, first_frame=0,
+    window: int = WINDOW,
+):  # fmt: skip
     """The search over `encoded` from a carry (`tdt_greedy_start`, or what an earlier call
     on the frames before returned) -> (`Found`, the carry after these frames). A row whose
     last duration jumps past these frames goes on that many frames into the next call's,
     so a stream decoded piece by piece finds what one call on the whole utterance finds;
-    token frames count from `first_frame` (scores are per call)."""
+    token frames count from `first_frame` (scores are per call).
+
+    The decisions are taken `window` frames at a time: a blank leaves the predictor as it
+    is, so each row joins its predictor state with its next `window` frames at once and
+    follows its blanks' jumps through them (by pointer doubling: log2(window) gathers) to
+    the first frame it reaches whose best symbol is not blank, or past the window. The
+    encoder's half of the joint is projected once for all frames."""
     predictor, joint = model.predictor, model.joint
     durations = tf.constant(list(model.config.durations), tf.int32)
+    reach = window + max(max(model.config.durations), 1)  # positions a jump can land on
     batch, frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
     lengths = tf.cast(encoder_lengths, tf.int32)
     capacity = frames * max_symbols_per_step
+    projected = joint.encoder_proj(encoded)  # [B, T, D]
+    offsets = tf.range(window)
     pred_out, state, start = carry
 
     def cond(t, *_):
         return tf.reduce_any(t < lengths)
 
-    def body(t, pred_out, state, run, last, tokens, token_frames, log_ps, counts, scores):
-        active = t < lengths
-        frame = tf.gather(encoded, tf.minimum(t, frames - 1), axis=1, batch_dims=1)
-        token_logits, duration_logits = joint.tokens_and_durations(frame, pred_out)
-        log_probs = tf.nn.log_softmax(tf.cast(token_logits, tf.float32))
-        duration_log_probs = tf.nn.log_softmax(tf.cast(duration_logits, tf.float32))
-        best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
-        best_log_prob = tf.reduce_max(log_probs, axis=-1)
-        skip = tf.gather(durations, tf.argmax(duration_log_probs, axis=-1, output_type=tf.int32))
-        scores += tf.where(active, best_log_prob + tf.reduce_max(duration_log_probs, -1), 0.0)
-        emit = active & (best != BLANK_ID)
-        skip = tf.where((best == BLANK_ID) & (skip == 0), 1, skip)
-        (tokens, token_frames, log_ps, counts), (pred_out, state) = emit_and_advance(
-            predictor, emit, best, t + first_frame, best_log_prob,
+    def body(t, pred_out, state, pred_proj, run, last, tokens, token_frames, log_ps, counts,
+             scores):  # fmt: skip
+        at = t[:, None] + offsets  # [B, W]
+        valid = at < lengths[:, None]
+        hidden = joint.activate(
+            tf.gather(projected, tf.minimum(at, frames - 1), axis=1, batch_dims=1)
+            + pred_proj[:, None, :]
+        )
+        log_probs = tf.nn.log_softmax(tf.cast(joint.output_layer(hidden), tf.float32))
+        duration_log_probs = tf.nn.log_softmax(tf.cast(joint.duration_layer(hidden), tf.float32))
+        best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B, W]
+        skip = tf.gather(durations, tf.argmax(duration_log_probs, -1, output_type=tf.int32))
+        step_score = tf.reduce_max(log_probs, -1) + tf.reduce_max(duration_log_probs, -1)
+        # Where each window position's decision leads: a blank jumps (at least one frame),
+        # anything else stops there; positions past the window (up to `reach`) stop too.
+        jumps = valid & (best == BLANK_ID)
+        stops = tf.range(reach)[None, :] + tf.zeros_like(t)[:, None]  # [B, R]
+        pad = [[0, 0], [0, reach - window]]
+        after = tf.where(jumps, offsets + tf.maximum(skip, 1), offsets)
+        after = tf.where(tf.pad(jumps, pad), tf.pad(after, pad), stops)
+        gained = tf.pad(tf.where(jumps, step_score, 0.0), pad)
+        for _ in range(max(1, (window - 1).bit_length())):  # 2^k jumps >= window positions
+            gained += tf.gather(gained, after, batch_dims=1)
+            after = tf.gather(after, after, batch_dims=1)
+        reached, blanks_score = after[:, 0], gained[:, 0]
+        here = tf.minimum(reached, window - 1)[:, None]
+        emit = (reached < window) & tf.gather(valid, here, batch_dims=1)[:, 0]
+        symbol = tf.gather(best, here, batch_dims=1)[:, 0]
+        symbol_skip = tf.gather(skip, here, batch_dims=1)[:, 0]
+        symbol_score = tf.gather(step_score, here, batch_dims=1)[:, 0]
+        symbol_log_prob = tf.gather(tf.reduce_max(log_probs, -1), here, batch_dims=1)[:, 0]
+        scores += blanks_score + tf.where(emit, symbol_score, 0.0)
+        frame = t + reached
+        (tokens, token_frames, log_ps, counts), (pred_out, state, pred_proj) = emit_and_advance(
+            predictor, emit, symbol, frame + first_frame, symbol_log_prob,
             (tokens, token_frames, log_ps, counts), (pred_out, state),
+            project=joint.predictor_proj, projected=pred_proj,
         )  # fmt: skip
-        run = tf.where(emit, tf.where(last == t, run + 1, 1), run)
-        last = tf.where(emit, t, last)
-        forced = emit & (skip == 0) & (run >= max_symbols_per_step)
-        t = tf.where(active, t + skip + tf.cast(forced, tf.int32), t)
-        return t, pred_out, state, run, last, tokens, token_frames, log_ps, counts, scores
+        run = tf.where(emit, tf.where(last == frame, run + 1, 1), run)
+        last = tf.where(emit, frame, last)
+        forced = emit & (symbol_skip == 0) & (run >= max_symbols_per_step)
+        after_emit = frame + symbol_skip + tf.cast(forced, tf.int32)
+        t = tf.where(t < lengths, tf.where(emit, after_emit, frame), t)
+        return (t, pred_out, state, pred_proj, run, last, tokens, token_frames, log_ps, counts,
+                scores)  # fmt: skip
 
     loop = [
-        start, pred_out, state, tf.zeros([batch], tf.int32),
+        start, pred_out, state, joint.predictor_proj(pred_out), tf.zeros([batch], tf.int32),
         tf.fill([batch], -1), tf.fill([batch, capacity], -1), tf.fill([batch, capacity], -1),
         tf.zeros([batch, capacity], tf.float32), tf.zeros([batch], tf.int32),
         tf.zeros([batch], tf.float32),
     ]  # fmt: skip
     result = tf.while_loop(cond, body, loop)
     # a row leaves these frames once it is past them: it goes on in the next call's frames
-    return Found(*result[5:]), (result[1], result[2], tf.maximum(result[0] - lengths, 0))
+    return Found(*result[6:]), (result[1], result[2], tf.maximum(result[0] - lengths, 0))
