@@ -75,12 +75,7 @@ def greedy_continue(
     def body(t, run, pred_out, state, pred_proj, tokens, token_frames, log_ps, counts, scores):
         # t: each row's next frame; run: symbols it has emitted at frame t already
         active = t < lengths
-        at = t[:, None] + offsets  # [B, W]
-        valid = at < lengths[:, None]
-        hidden = joint.activate(
-            tf.gather(projected, tf.minimum(at, frames - 1), axis=1, batch_dims=1)
-            + pred_proj[:, None, :]
-        )
+        valid, hidden = window_hidden(joint, projected, pred_proj, t, window, lengths)
         log_probs = tf.nn.log_softmax(tf.cast(joint.output_layer(hidden), tf.float32))
         best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B, W]
         best_log_prob = tf.reduce_max(log_probs, axis=-1)
@@ -107,6 +102,17 @@ def greedy_continue(
 
     result = tf.while_loop(lambda t, *_: tf.reduce_any(t < lengths), body, loop)
     return Found(*result[5:]), (result[2], result[3])
+
+
+def window_hidden(joint, projected, pred_proj, t, window, lengths):
+    """The joint's hidden vectors of each row's predictor state with its next `window`
+    frames: projected [B, T, D] (the encoder's half, for every frame), pred_proj [B, D],
+    t [B] -> (valid [B, W]: frame < length, hidden [B, W, D]; past the last frame it holds
+    the last frame's)."""
+    at = t[:, None] + tf.range(window)
+    last = tf.shape(projected)[1] - 1
+    hidden = tf.gather(projected, tf.minimum(at, last), axis=1, batch_dims=1)
+    return at < lengths[:, None], joint.activate(hidden + pred_proj[:, None, :])
 
 
 def emit_and_advance(

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
-from asrkit.decoding.greedy import emit_and_advance
+from asrkit.decoding.greedy import emit_and_advance, window_hidden
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step
@@ -75,12 +75,7 @@ def tdt_greedy_continue(
 
     def body(t, pred_out, state, pred_proj, run, last, tokens, token_frames, log_ps, counts,
              scores):  # fmt: skip
-        at = t[:, None] + offsets  # [B, W]
-        valid = at < lengths[:, None]
-        hidden = joint.activate(
-            tf.gather(projected, tf.minimum(at, frames - 1), axis=1, batch_dims=1)
-            + pred_proj[:, None, :]
-        )
+        valid, hidden = window_hidden(joint, projected, pred_proj, t, window, lengths)
         log_probs = tf.nn.log_softmax(tf.cast(joint.output_layer(hidden), tf.float32))
         duration_log_probs = tf.nn.log_softmax(tf.cast(joint.duration_layer(hidden), tf.float32))
         best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B, W]
