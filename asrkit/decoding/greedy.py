@@ -27,8 +27,9 @@ def greedy_search(
     scores [B].
 
     Token slots past counts[b] hold -1 (log-probs 0). A token's log-prob is the joint's
-    log-posterior of that symbol where it was emitted. Runs as a tf.while_loop over frames
-    with an inner loop over symbols, so it compiles into one graph.
+    log-posterior of that symbol where it was emitted. Runs as one tf.while_loop whose
+    steps each look `window` frames ahead (`greedy_continue`), so it compiles into one
+    graph.
     """
     start = greedy_start(model, tf.shape(encoded)[0])
     found, _ = greedy_continue(
@@ -60,7 +61,7 @@ def greedy_continue(
     frame. The encoder's half of the joint is projected once for all frames."""
     batch, frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
     capacity = frames * max_symbols_per_step
-    predictor, joint = model.predictor, model.joint
+    joint = model.joint
     lengths = tf.cast(encoder_lengths, tf.int32)
     projected = joint.encoder_proj(encoded)  # [B, T, D]
     offsets = tf.range(window)
@@ -89,9 +90,8 @@ def greedy_continue(
         scores += tf.reduce_sum(tf.where(blanks, best_log_prob, 0.0), axis=1)
         scores += tf.where(emit, symbol_log_prob, 0.0)
         (tokens, token_frames, log_ps, counts), (pred_out, state, pred_proj) = emit_and_advance(
-            predictor, emit, symbol, t + first + first_frame, symbol_log_prob,
-            (tokens, token_frames, log_ps, counts), (pred_out, state),
-            project=joint.predictor_proj, projected=pred_proj,
+            model, emit, symbol, t + first + first_frame, symbol_log_prob,
+            (tokens, token_frames, log_ps, counts), (pred_out, state, pred_proj),
         )  # fmt: skip
         run = tf.where(first > 0, 0, run) + 1
         full = emit & (run >= max_symbols_per_step)  # this frame has had its symbols
@@ -115,24 +115,19 @@ def window_hidden(joint, projected, pred_proj, t, window, lengths):
     return at < lengths[:, None], joint.activate(hidden + pred_proj[:, None, :])
 
 
-def emit_and_advance(
-    predictor, emit, best, frames, best_log_prob, found, carry, project=None, projected=None
-):
+def emit_and_advance(model, emit, best, frames, best_log_prob, found, carry):
     """`record_emissions` and `advance_where`, run only when some row emits: a step where
     every row emits blank (most steps, and every one of a single utterance's blank frames)
-    leaves `found` (tokens, token_frames, log_ps, counts) and `carry` (pred_out, state)
-    as they are without the scatters or a predictor step. With `project` (a layer) the
-    carry also holds `projected`, project(pred_out), kept up to date with it."""
+    leaves `found` (tokens, token_frames, log_ps, counts) and `carry` (pred_out, state,
+    pred_proj: the joint's projection of pred_out) as they are without the scatters, a
+    predictor step or a projection."""
 
     def emitted():
         recorded = record_emissions(emit, best, frames, best_log_prob, *found)
-        pred_out, state = advance_where(predictor, emit, best, *carry)
-        if project is None:
-            return recorded, (pred_out, state)
-        return recorded, (pred_out, state, project(pred_out))
+        pred_out, state = advance_where(model.predictor, emit, best, *carry[:2])
+        return recorded, (pred_out, state, model.joint.predictor_proj(pred_out))
 
-    unchanged = carry if project is None else (*carry, projected)
-    return tf.cond(tf.reduce_any(emit), emitted, lambda: (found, unchanged))
+    return tf.cond(tf.reduce_any(emit), emitted, lambda: (found, carry))
 
 
 def record_emissions(emit, best, frames, best_log_prob, tokens, token_frames, log_ps, counts):

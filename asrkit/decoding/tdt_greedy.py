@@ -7,7 +7,9 @@ and the search moves to t + d (d = 0: another symbol at the same frame). After
 `max_symbols_per_step` tokens at one frame with duration 0, the search moves on by one
 frame. These are the decisions of NeMo's greedy TDT search (its label-looping batched
 search), so an imported NeMo TDT model finds the tokens NeMo finds. Rows are independent;
-uses the model's `encode`, `predictor.step` and `joint.tokens_and_durations`.
+uses the model's `encode`, `predictor.step` and the joint's projections, activation, output
+and duration layers. The search takes its decisions a window of frames at a time
+(`tdt_greedy_continue`).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def tdt_greedy_continue(
     follows its blanks' jumps through them (by pointer doubling: log2(window) gathers) to
     the first frame it reaches whose best symbol is not blank, or past the window. The
     encoder's half of the joint is projected once for all frames."""
-    predictor, joint = model.predictor, model.joint
+    joint = model.joint
     durations = tf.constant(list(model.config.durations), tf.int32)
     reach = window + max(max(model.config.durations), 1)  # positions a jump can land on
     batch, frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
@@ -79,8 +81,9 @@ def tdt_greedy_continue(
         log_probs = tf.nn.log_softmax(tf.cast(joint.output_layer(hidden), tf.float32))
         duration_log_probs = tf.nn.log_softmax(tf.cast(joint.duration_layer(hidden), tf.float32))
         best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B, W]
+        best_log_prob = tf.reduce_max(log_probs, -1)
         skip = tf.gather(durations, tf.argmax(duration_log_probs, -1, output_type=tf.int32))
-        step_score = tf.reduce_max(log_probs, -1) + tf.reduce_max(duration_log_probs, -1)
+        step_score = best_log_prob + tf.reduce_max(duration_log_probs, -1)
         # Where each window position's decision leads: a blank jumps (at least one frame),
         # anything else stops there; positions past the window (up to `reach`) stop too.
         jumps = valid & (best == BLANK_ID)
@@ -98,13 +101,12 @@ def tdt_greedy_continue(
         symbol = tf.gather(best, here, batch_dims=1)[:, 0]
         symbol_skip = tf.gather(skip, here, batch_dims=1)[:, 0]
         symbol_score = tf.gather(step_score, here, batch_dims=1)[:, 0]
-        symbol_log_prob = tf.gather(tf.reduce_max(log_probs, -1), here, batch_dims=1)[:, 0]
+        symbol_log_prob = tf.gather(best_log_prob, here, batch_dims=1)[:, 0]
         scores += blanks_score + tf.where(emit, symbol_score, 0.0)
         frame = t + reached
         (tokens, token_frames, log_ps, counts), (pred_out, state, pred_proj) = emit_and_advance(
-            predictor, emit, symbol, frame + first_frame, symbol_log_prob,
-            (tokens, token_frames, log_ps, counts), (pred_out, state),
-            project=joint.predictor_proj, projected=pred_proj,
+            model, emit, symbol, frame + first_frame, symbol_log_prob,
+            (tokens, token_frames, log_ps, counts), (pred_out, state, pred_proj),
         )  # fmt: skip
         run = tf.where(emit, tf.where(last == frame, run + 1, 1), run)
         last = tf.where(emit, frame, last)

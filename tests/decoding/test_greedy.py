@@ -7,6 +7,7 @@ import tensorflow as tf
 from asrkit.decoding import greedy_decode
 from asrkit.decoding.greedy import greedy_search
 from asrkit.tokenizer import BLANK_ID
+from tests.decoding.scripted import ScriptedTransducer
 
 
 def reference_greedy(model, features, max_symbols):
@@ -47,31 +48,6 @@ def test_batched_greedy_equals_one_by_one_reference(model, max_symbols):
         if frames:
             assert max(np.bincount(frames)) <= max_symbols
     assert emitted > 0
-
-
-class ScriptedTransducer:
-    """A transducer whose decisions are a table: with n symbols emitted so far, at frame t
-    the best symbol is 1 where table[t, n] > 0, else blank. The predictor's output is the
-    one-hot of n; the joint picks table[t, n] as symbol 1's logit (blank's is 0)."""
-
-    def __init__(self, slots):
-        self.slots = slots
-        self.predictor = self
-        self.joint = self
-        self.encoder_proj = self.predictor_proj = tf.identity
-
-    def initial_state(self, batch):
-        return tf.fill([batch, 1], -1)  # [B, 1]: n - 1
-
-    def step(self, tokens, state):
-        count = state + 1
-        return tf.one_hot(count[:, 0], self.slots) * 100.0 - 100.0, count
-
-    def activate(self, hidden):
-        return hidden
-
-    def output_layer(self, hidden):
-        return tf.stack([tf.zeros_like(hidden[..., 0]), tf.reduce_max(hidden, -1)], -1)
 
 
 def scripted_reference(table, length, max_symbols):

@@ -7,41 +7,22 @@ import pytest
 import tensorflow as tf
 
 from asrkit.decoding.tdt_greedy import tdt_greedy_search
+from tests.decoding.scripted import ScriptedTransducer
 
 SHARP = 5.0  # duration logits: -SHARP (d - chosen)^2
 
 
-class ScriptedTdt:
-    """A TDT transducer whose decisions are two tables: with n symbols emitted so far, at
-    frame t the best symbol is 1 where tokens[t, n] > 0 (else blank) and the best duration
-    is durations[t, n] (an index). The predictor's output is the one-hot of n; the joint
-    picks column n of each table."""
+class ScriptedTdt(ScriptedTransducer):
+    """The scripted transducer with a second table for durations: encoder frames are
+    [tokens table | durations table]; at frame t with n symbols so far the best duration
+    is durations[t, n] (an index into `durations`)."""
 
     def __init__(self, slots, durations):
-        self.slots, self.config = slots, SimpleNamespace(durations=durations)
-        self.predictor = self.joint = self
-        self.encoder_proj = tf.identity
+        super().__init__(slots)
+        self.config = SimpleNamespace(durations=durations)
 
-    def initial_state(self, batch):
-        return tf.fill([batch, 1], -1)  # [B, 1]: n - 1
-
-    def step(self, tokens, state):
-        count = state + 1
-        return tf.one_hot(count[:, 0], self.slots) * 100.0 - 100.0, count
-
-    def predictor_proj(self, predicted):
+    def predictor_proj(self, predicted):  # the one-hot of n over both tables
         return tf.concat([predicted, predicted], -1)
-
-    def activate(self, hidden):
-        return hidden
-
-    def output_layer(self, hidden):
-        picked = tf.reduce_max(hidden[..., : self.slots], -1)
-        return tf.stack([tf.zeros_like(picked), picked], -1)
-
-    def tokens_and_durations(self, encoded, predicted):
-        hidden = self.activate(self.encoder_proj(encoded) + self.predictor_proj(predicted))
-        return self.output_layer(hidden), self.duration_layer(hidden)
 
     def duration_layer(self, hidden):
         picked = tf.reduce_max(hidden[..., self.slots :], -1, keepdims=True)
