@@ -86,8 +86,9 @@ class FeatureConfig:
             raise ValueError("FeatureConfig: need 0 <= lower_edge_hz < upper_edge_hz <= rate/2")
 
 
-ENCODERS = ("conformer", "lstm", "nemo_conformer")
-NEMO_SUBSAMPLINGS = ("striding", "dw_striding")
+ENCODERS = ("conformer", "lstm")
+ATTENTIONS = ("rotary", "relative")  # see model.encoder.attention
+SUBSAMPLINGS = ("valid", "striding", "dw_striding")  # see model.encoder.subsampling
 JOINT_ACTIVATIONS = ("tanh", "relu")
 NORMALIZERS = ("tokens", "utterances")
 LOSSES = ("full", "pruned", "tdt")
@@ -95,24 +96,45 @@ PREDICTORS = ("lstm", "stateless")
 FINAL_NORMS = ("block", "encoder", "none")  # see model.encoder.final_norm
 CONV_CONTEXTS = ("causal", "chunk")  # see model.encoder.conv_context
 CONV_NORMS = ("layer", "batch", "frozen_batch")  # see model.encoder.conv_norm
+# The keys of model.encoder each kind reads; any other key set away from its default is an
+# error naming it (and a recorded config holds only these).
+LSTM_ENCODER_KEYS = ("kind", "lstm_units", "lstm_layers", "subsampling_filters", "dropout",
+                     "recompute")  # fmt: skip
+STREAMING_KEYS = ("left_chunks", "dynamic_chunks", "conv_context")  # need chunk_frames > 0
 
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    # conformer | lstm | nemo_conformer (NeMo's Conformer / FastConformer, as imported by
-    # `asrkit import nemo`: d_model, num_blocks, num_heads, kernel_size, subsampling_filters,
-    # dropout and the keys below; its convolution norm is BatchNorm, conv_norm batch or
-    # frozen_batch)
-    kind: str = "conformer"
+    """`kind: conformer` — one Conformer encoder whose variants are options: asrkit's own
+    recipes (rotary attention, `valid` x4 subsampling) and NeMo's Conformer and
+    FastConformer (relative attention, `striding` x4 or `dw_striding` x8, xscaling, torch's
+    norm epsilon, BatchNorm), as `asrkit import nemo` sets them (docs/layout.md has the
+    table). `kind: lstm` — unidirectional LSTM layers over `valid` x4 subsampling; it reads
+    only LSTM_ENCODER_KEYS."""
+
+    kind: str = "conformer"  # conformer | lstm
     d_model: int = 144  # conformer width
     num_blocks: int = 16
     num_heads: int = 4
     kernel_size: int = 31
+    # "rotary" (rotary position embeddings) or "relative" (Transformer-XL relative positions
+    # with untied per-head biases: NeMo's rel_pos).
+    attention: str = "rotary"
+    # "valid" (two unpadded 3x3 stride-2 convolutions, x4: streams piece by piece),
+    # "striding" (NeMo's: padded by 1) or "dw_striding" (NeMo's depthwise, FastConformer),
+    # by `subsampling_factor` (a power of 2; 4 for valid).
+    subsampling: str = "valid"
+    subsampling_factor: int = 4
+    subsampling_filters: int = 144
+    ff_expansion: int = 4  # the feed-forward width is ff_expansion x d_model
+    xscaling: bool = False  # the subsampled frames x sqrt(d_model) (NeMo's Conformer)
+    use_bias: bool = True  # the blocks' linear and convolution layers have biases
+    norm_epsilon: float = 1e-3  # every LayerNorm's and BatchNorm's (torch, NeMo: 1e-5)
     # The convolution module's norm: "layer"; "batch" (BatchNorm from each replica's batch
     # statistics: micro-batches then differ from their union, so accumulation is not exact);
     # "frozen_batch" (BatchNorm from its running statistics, never updated: exact).
     conv_norm: str = "layer"
-    subsampling_filters: int = 144
+    batch_norm_momentum: float = 0.99  # conv_norm batch: the running statistics' (NeMo: 0.9)
     lstm_units: int = 320
     lstm_layers: int = 2
     dropout: float = 0.1
@@ -121,7 +143,8 @@ class EncoderConfig:
     recompute: bool = False
     # Streaming Conformer: each encoder frame attends only to its chunk of `chunk_frames`
     # frames (40 ms each) and `left_chunks` chunks before it (-1: all), and the convolution
-    # module is causal. 0 = full context (not streamable). The LSTM encoder is causal anyway.
+    # module sees no later chunk (conv_context). 0 = full context (not streamable). The
+    # LSTM encoder is causal anyway.
     chunk_frames: int = 0
     left_chunks: int = -1
     # Dynamic chunk training (WeNet): each update trains with a random chunk size, full
@@ -129,8 +152,8 @@ class EncoderConfig:
     # model serves several latencies (decode with --chunk-frames N; chunk_frames is the
     # default). 0 = off. Needs chunk_frames > 0.
     dynamic_chunks: int = 0
-    # Conformer: where the LayerNorm after the residual additions sits — "block" (the
-    # Conformer paper: at the end of every block), "encoder" (once, after the last block) or
+    # Where the LayerNorm after the residual additions sits — "block" (the Conformer paper
+    # and NeMo: at the end of every block), "encoder" (once, after the last block) or
     # "none". With "block" a small Conformer on the mini corpus stayed in the predictor-only
     # phase for most of its training (RESULTS.md).
     final_norm: str = "none"
@@ -138,59 +161,78 @@ class EncoderConfig:
     # frames before) or "chunk" (the centred kernel up to the end of the frame's chunk: no
     # latency beyond the chunk's, which attention waits for anyway).
     conv_context: str = "chunk"
-    # nemo_conformer: "striding" (x4, Conformer) or "dw_striding" (depthwise, FastConformer),
-    # by `subsampling_factor` (a power of 2); the feed-forward width is ff_expansion x d_model;
-    # xscaling multiplies the subsampled frames by sqrt(d_model); use_bias: the blocks'
-    # linear and convolution layers have biases (NeMo's `use_bias`).
-    subsampling: str = "striding"
-    subsampling_factor: int = 4
-    ff_expansion: int = 4
-    xscaling: bool = True
-    use_bias: bool = True
 
     @property
     def frames_per_output(self) -> int:
         """Feature frames per encoder frame."""
-        return self.subsampling_factor if self.kind == "nemo_conformer" else 4
+        return self.subsampling_factor
+
+    def applicable_keys(self) -> tuple[str, ...]:
+        """The keys this kind of encoder reads."""
+        if self.kind == "lstm":
+            return LSTM_ENCODER_KEYS
+        skipped = {"lstm_units", "lstm_layers"}
+        if not self.chunk_frames:
+            skipped |= set(STREAMING_KEYS)
+        if self.conv_norm == "layer":
+            skipped.add("batch_norm_momentum")
+        return tuple(f.name for f in dataclasses.fields(self) if f.name not in skipped)
 
     def __post_init__(self):
-        _one_of(self, "model.encoder", kind=ENCODERS, subsampling=NEMO_SUBSAMPLINGS)
+        _one_of(self, "model.encoder", kind=ENCODERS, subsampling=SUBSAMPLINGS,
+                attention=ATTENTIONS, final_norm=FINAL_NORMS, conv_norm=CONV_NORMS,
+                conv_context=CONV_CONTEXTS)  # fmt: skip
         factor = self.subsampling_factor
         if factor < 2 or factor & (factor - 1):
             raise ValueError(
                 f"model.encoder.subsampling_factor must be a power of 2 >= 2, got {factor}"
             )
-        if self.kind == "nemo_conformer":
-            if self.conv_norm == "layer":
-                raise ValueError(
-                    "model.encoder.conv_norm must be batch or frozen_batch for nemo_conformer "
-                    "(its convolution module has BatchNorm)"
-                )
-            if self.chunk_frames:
-                raise ValueError("model.encoder.chunk_frames is not available for nemo_conformer")
+        if self.subsampling == "valid" and factor != 4:
+            raise ValueError(
+                "model.encoder.subsampling_factor must be 4 with subsampling: valid (x8 and "
+                f"more: subsampling striding or dw_striding), got {factor}"
+            )
         _at_least(self, "model.encoder", d_model=1, num_blocks=1, num_heads=1, kernel_size=1,
                   subsampling_filters=1, lstm_units=1, lstm_layers=1, ff_expansion=1)  # fmt: skip
+        _positive(self, "model.encoder", "norm_epsilon")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"model.encoder.dropout must be in [0, 1), got {self.dropout}")
+        if not 0 <= self.batch_norm_momentum < 1:
+            raise ValueError(
+                f"model.encoder.batch_norm_momentum must be in [0, 1), got "
+                f"{self.batch_norm_momentum}"
+            )
         if self.chunk_frames < 0 or self.left_chunks < -1:
             raise ValueError(
                 "model.encoder.chunk_frames must be >= 0 (0: full context) and "
                 f"model.encoder.left_chunks >= -1 (-1: all), got {self.chunk_frames} and "
                 f"{self.left_chunks}"
             )
-        _one_of(self, "model.encoder", final_norm=FINAL_NORMS, conv_norm=CONV_NORMS,
-                conv_context=CONV_CONTEXTS)  # fmt: skip
-        if self.dynamic_chunks < 0 or (self.dynamic_chunks and not self.chunk_frames):
+        if self.dynamic_chunks < 0:
             raise ValueError(
-                "model.encoder.dynamic_chunks must be >= 0 and needs model.encoder.chunk_frames "
-                f"> 0 (the chunk size decoding uses by default), got {self.dynamic_chunks} with "
-                f"chunk_frames {self.chunk_frames}"
+                f"model.encoder.dynamic_chunks must be >= 0, got {self.dynamic_chunks}"
             )
-        if self.chunk_frames and self.kind != "conformer":
+        if self.chunk_frames and self.subsampling != "valid":
             raise ValueError(
-                "model.encoder.chunk_frames is for the Conformer (the LSTM encoder is causal "
-                "and streams without chunks)"
+                "model.encoder.chunk_frames needs subsampling: valid (the padded striding "
+                f"subsamplings do not stream piece by piece), got {self.subsampling!r}"
             )
+        applicable = self.applicable_keys()
+        for field in dataclasses.fields(self):
+            if field.name not in applicable and getattr(self, field.name) != field.default:
+                raise ValueError(_not_applicable(self, field.name))
+
+
+def _not_applicable(config: EncoderConfig, key: str) -> str:
+    if config.kind == "lstm":
+        why = f"a Conformer setting; kind lstm reads {', '.join(LSTM_ENCODER_KEYS[1:])}"
+    elif key in STREAMING_KEYS:
+        why = "a streaming setting: it needs model.encoder.chunk_frames > 0"
+    elif key == "batch_norm_momentum":
+        why = "a BatchNorm setting: it needs model.encoder.conv_norm batch or frozen_batch"
+    else:
+        why = "an LSTM setting: it needs model.encoder.kind lstm"
+    return f"model.encoder.{key} does not apply to this encoder ({why})"
 
 
 @dataclass(frozen=True)
@@ -373,7 +415,7 @@ class DecodeConfig:
 
 # The version of the config schema (and of the checkpoints' state.json). A recorded
 # experiment of another version is refused by name rather than read with other meanings.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -425,9 +467,14 @@ def build_config(cls, data: dict, section: str = ""):
         else:
             values[key] = _check_type(value, kind, path)
     try:
-        return cls(**values)
+        built = cls(**values)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    if isinstance(built, EncoderConfig):  # a key of another kind, even at its default
+        for key in data:
+            if key not in built.applicable_keys():
+                raise ConfigError(_not_applicable(built, key))
+    return built
 
 
 def _check_type(value, kind, path):
@@ -534,4 +581,8 @@ def _merged(base: dict, top: dict) -> dict:
 
 
 def dump_config(config: ExperimentConfig) -> str:
-    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)
+    """The config as YAML, with only the encoder keys its kind reads."""
+    data = dataclasses.asdict(config)
+    keys = config.model.encoder.applicable_keys()
+    data["model"]["encoder"] = {k: v for k, v in data["model"]["encoder"].items() if k in keys}
+    return yaml.safe_dump(data, sort_keys=False)

@@ -4,9 +4,10 @@
 1 + (num_samples - frame_length) // frame_step` — the number of whole frames `tf.signal.stft`
 returns without end padding (tested against the actual output).
 
-`encoder_frames(frames)` — frames after the encoder's ×4 convolutional subsampling (two
-3-wide, stride-2, valid convolutions): `n -> (n - 3) // 2 + 1`, twice, floored at 0. A
-`nemo_conformer` encoder pads its convolutions: `n -> (n - 1) // 2 + 1` per halving.
+`encoder_frames(frames)` — frames after the encoder's `valid` ×4 convolutional subsampling
+(two 3-wide, stride-2, valid convolutions): `n -> (n - 3) // 2 + 1`, twice, floored at 0.
+The `striding` and `dw_striding` subsamplings (NeMo's) pad their convolutions:
+`n -> (n - 1) // 2 + 1` per halving.
 
 `features.kind: nemo` (NeMo's preprocessor, `asrkit.nemo_mel`): `samples // hop` frames.
 """
@@ -57,8 +58,8 @@ def conv_frames(frames):
 
 def encoder_frames(frames, encoder=None):
     """Encoder frames after the subsampling of `encoder` (an EncoderConfig; default
-    asrkit's ×4: two such convolutions)."""
-    if encoder is not None and encoder.kind == "nemo_conformer":
+    asrkit's `valid` ×4: two such convolutions)."""
+    if encoder is not None and encoder.subsampling != "valid":
         return halved_frames(frames, encoder.subsampling_factor.bit_length() - 1)
     return conv_frames(conv_frames(frames))
 

@@ -4,6 +4,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import yaml
 
 from asrkit.config import ConfigError, ExperimentConfig, dump_config, load_config
 
@@ -38,7 +39,16 @@ def test_defaults_and_overrides(tmp_path):
         ("loss:\n  ctc_weight: -0.2\n", "loss.ctc_weight must be >= 0"),
         ("model:\n  encoder: {chunk_frames: -4}\n", "chunk_frames must be >= 0"),
         ("model:\n  encoder: {left_chunks: -2}\n", "left_chunks >= -1"),
-        ("model:\n  encoder: {kind: lstm, chunk_frames: 4}\n", "is for the Conformer"),
+        ("model:\n  encoder: {kind: lstm, chunk_frames: 4}\n", "chunk_frames does not apply"),
+        ("model:\n  encoder: {kind: lstm, d_model: 144}\n", "d_model does not apply"),
+        ("model:\n  encoder: {lstm_units: 64}\n", "lstm_units does not apply.*kind lstm"),
+        ("model:\n  encoder: {lstm_units: 320}\n", "lstm_units does not apply"),  # the default
+        ("model:\n  encoder: {conv_context: causal}\n", "conv_context does not.*chunk_frames"),
+        ("model:\n  encoder: {batch_norm_momentum: 0.9}\n", "momentum does not.*conv_norm"),
+        ("model:\n  encoder: {subsampling_factor: 8}\n", "must be 4 with subsampling: valid"),
+        ("model:\n  encoder: {subsampling: striding, chunk_frames: 4}\n", "needs subsampling"),
+        ("model:\n  encoder: {attention: alibi}\n", "model.encoder.attention must be one of"),
+        ("model:\n  encoder: {kind: nemo_conformer}\n", "model.encoder.kind must be one of"),
         ("model:\n  encoder: {dynamic_chunks: 8}\n", "needs model.encoder.chunk_frames > 0"),
         ("model:\n  encoder: {chunk_frames: 4, dynamic_chunks: -1}\n", "dynamic_chunks must be"),
     ],
@@ -62,6 +72,27 @@ def test_dump_round_trip(tmp_path):
     assert again.train.clip_global_norm is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.train.epochs = 5
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.encoder.kind=lstm", "model.encoder.lstm_units=64"],
+        ["model.encoder.chunk_frames=8", "model.encoder.conv_context=causal"],
+        ["model.encoder.attention=relative", "model.encoder.subsampling=dw_striding",
+         "model.encoder.subsampling_factor=8", "model.encoder.conv_norm=frozen_batch",
+         "model.encoder.batch_norm_momentum=0.9"],
+    ],
+    ids=["lstm", "streaming conformer", "nemo options"],
+)  # fmt: skip
+def test_a_recorded_config_holds_the_encoder_keys_of_its_kind_only(tmp_path, overrides):
+    config = load_config(None, overrides)
+    recorded = yaml.safe_load(dump_config(config))["model"]["encoder"]
+    assert set(recorded) == set(config.model.encoder.applicable_keys())
+    assert load_config(write(tmp_path, dump_config(config))) == config
+    lstm = config.model.encoder.kind == "lstm"
+    assert ("d_model" in recorded) != lstm and ("lstm_units" in recorded) == lstm
+    assert ("conv_context" in recorded) == bool(config.model.encoder.chunk_frames)
 
 
 def test_a_config_starts_from_its_base(tmp_path):

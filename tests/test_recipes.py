@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from asrkit.config import SCHEMA_VERSION
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = [  # the demo's Conformer, shrunk
     "model.encoder.d_model=16", "model.encoder.num_blocks=1", "model.encoder.num_heads=2",
@@ -153,7 +155,7 @@ def test_finetune_recipe_imports_plans_trains_and_compares_on_a_tiny_corpus(tmp_
 def test_finetune_recipe_refuses_wrong_arguments_in_one_line(tmp_path):
     fake = tmp_path / "exp"
     fake.mkdir()
-    (fake / "config.yaml").write_text("schema: 1\n")
+    (fake / "config.yaml").write_text(f"schema: {SCHEMA_VERSION}\n")
     jsonl = tmp_path / "jsonl"
     jsonl.mkdir()
     for name in ("train", "dev", "test"):

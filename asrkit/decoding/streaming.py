@@ -62,7 +62,7 @@ class StreamingDecoder:
 
     def __init__(self, network, features: FeatureConfig, normalize=None,
                  max_symbols_per_step: int = SYMBOLS, beam: int = 1):  # fmt: skip
-        if not getattr(network.encoder, "streams", False):
+        if not network.encoder.streams:
             raise UserError(
                 "streaming needs an encoder that streams: model.encoder.kind=lstm, or a "
                 "Conformer trained with model.encoder.chunk_frames > 0; this model's "

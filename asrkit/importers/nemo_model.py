@@ -6,8 +6,9 @@ attention), an RNNTDecoder (LSTM, blank as padding), an RNNTJoint (RNN-T or TDT)
 SentencePiece tokenizer and the AudioToMelSpectrogramPreprocessor. Every setting that
 changes what the model computes is checked; one asrkit does not implement is refused with
 a line naming the config key and its value. Settings that only act in NeMo's training
-(dither, spec augment, the pre-encoder and attention dropouts) are left, and listed in the
-import's notes.
+(dither, spec augment, dropout rates other than the encoder's one) are left, and listed in
+the import's notes. The encoder is asrkit's Conformer with NeMo's options (relative
+attention, NeMo's subsampling, xscaling, torch's norm epsilon, BatchNorm).
 
 The experiment is written into a fresh temporary directory beside `--exp-dir` and renamed
 into place only once everything checked out and was written: a failed import leaves
@@ -38,6 +39,8 @@ from asrkit.errors import InputError
 SUPPORTED_MODELS = ("EncDecRNNTBPEModel", "EncDecHybridRNNTCTCBPEModel")
 _TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny
 _EPS = 1.1920928955078125e-07  # torch.finfo(torch.float32).eps
+TORCH_NORM_EPSILON = 1e-5  # torch's LayerNorm and BatchNorm default, which NeMo keeps
+TORCH_BATCH_NORM_MOMENTUM = 0.1  # torch's weight of a new batch (Keras': 1 - it)
 
 
 class UnsupportedNemoModel(InputError):
@@ -179,7 +182,8 @@ def _encoder(enc: _Section, features: FeatureConfig, notes: list[str]) -> Encode
     enc.require("feat_out", -1, (-1,))
     enc.require("reduction", None, (None,))
     enc.require("global_tokens", 0, (0,))
-    enc.require("conv_context_style", "regular", ("regular",))
+    # With full attention context (checked below) both styles attend alike.
+    enc.require("att_context_style", "regular", ("regular", "chunked_limited"))
     context = enc.get("att_context_size")
     if context not in (None, [-1, -1]):
         enc.refuse("att_context_size", context, "[-1, -1] (full context)")
@@ -191,19 +195,26 @@ def _encoder(enc: _Section, features: FeatureConfig, notes: list[str]) -> Encode
         enc.refuse("feat_in", enc.get("feat_in"), f"{features.num_mel_bins} (the features)")
     d_model = int(enc.get("d_model"))
     channels = int(enc.get("subsampling_conv_channels", -1))
-    for key in ("dropout_pre_encoder", "dropout_emb", "dropout_att", "stochastic_depth_drop_prob"):
+    dropout = float(enc.get("dropout", 0.1))
+    for key in ("dropout_pre_encoder", "dropout_att"):  # asrkit draws these at `dropout`
+        value = enc.get(key, dropout)
+        if value != dropout:
+            notes.append(f"encoder.{key} {value} is trained at encoder.dropout {dropout}")
+    for key in ("dropout_emb", "stochastic_depth_drop_prob"):
         if enc.get(key, 0.0):
             notes.append(f"encoder.{key} {enc.get(key)} is not modelled (training only)")
     try:
         return EncoderConfig(
-            kind="nemo_conformer", d_model=d_model, num_blocks=int(enc.get("n_layers")),
-            num_heads=int(enc.get("n_heads", 4)), kernel_size=kernel,
-            conv_norm="frozen_batch", subsampling_filters=channels if channels > 0 else d_model,
-            dropout=float(enc.get("dropout", 0.1)), final_norm="none",
+            kind="conformer", d_model=d_model, num_blocks=int(enc.get("n_layers")),
+            num_heads=int(enc.get("n_heads", 4)), kernel_size=kernel, attention="relative",
             subsampling=str(enc.get("subsampling", "striding")),
             subsampling_factor=int(enc.get("subsampling_factor", 4)),
+            subsampling_filters=channels if channels > 0 else d_model,
             ff_expansion=int(enc.get("ff_expansion_factor", 4)),
             xscaling=bool(enc.get("xscaling", True)), use_bias=bool(enc.get("use_bias", True)),
+            norm_epsilon=TORCH_NORM_EPSILON, conv_norm="frozen_batch",
+            batch_norm_momentum=1.0 - TORCH_BATCH_NORM_MOMENTUM, dropout=dropout,
+            final_norm="block",
         )  # fmt: skip
     except (TypeError, ValueError) as err:
         raise UnsupportedNemoModel(f"{enc.source}: encoder: {err}") from None

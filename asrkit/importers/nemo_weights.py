@@ -1,10 +1,13 @@
-"""NeMo state-dict tensors -> the variables of asrkit's NeMo-architecture layers.
+"""NeMo state-dict tensors -> the variables of asrkit's Conformer (with NeMo's options),
+LSTM predictor and joint. NeMo's names live here only.
 
 torch lays a Linear's weight out [out, in] (Keras: kernel [in, out]), a Conv2d's
 [out, in, kh, kw] (Keras: [kh, kw, in, out]), a depthwise Conv2d's [C, 1, kh, kw] (Keras:
 [kh, kw, C, 1]), a depthwise Conv1d's [C, 1, k] (Keras: [k, C, 1]) and a pointwise Conv1d's
 [out, in, 1], an LSTM's weight_ih/hh [4u, in] (gates i, f, g, o: Keras' i, f, c, o) with two
-biases (Keras: one, their sum). Every tensor of the state dict must be used and every
+biases (Keras: one, their sum). NeMo's separate query, key and value projections are
+asrkit's one `qkv` projection [q | k | v]; its pre-norms (`norm_feed_forward1`, `norm_conv`,
+...) belong to asrkit's modules. Every tensor of the state dict must be used and every
 variable filled, with its shape: anything else is an error naming the key.
 
 Token ids: NeMo's blank is the last output (V) and its embedding row V is the zero padding
@@ -18,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from asrkit.errors import InputError
-from asrkit.models.nemo_conformer import NemoConformerEncoder
+from asrkit.models.conformer import ConformerEncoder
 
 
 class WeightMismatch(InputError):
@@ -60,6 +63,14 @@ class _Assigner:
         self.put(conv.kernel, kernel, f"{key}.weight")
         self.put(conv.bias, self.take(f"{key}.bias"), f"{key}.bias")
 
+    def linears(self, dense, keys: list[str]) -> None:
+        """One Dense from the concatenated outputs of several torch Linears."""
+        weights = [self.take(f"{k}.weight").T for k in keys]
+        self.put(dense.kernel, np.concatenate(weights, axis=1), f"{keys[0]}.weight ...")
+        if dense.use_bias:
+            biases = [self.take(f"{k}.bias") for k in keys]
+            self.put(dense.bias, np.concatenate(biases), f"{keys[0]}.bias ...")
+
     def norm(self, layer, key: str) -> None:
         self.put(layer.gamma, self.take(f"{key}.weight"), f"{key}.weight")
         self.put(layer.beta, self.take(f"{key}.bias"), f"{key}.bias")
@@ -72,10 +83,11 @@ class _Assigner:
 
 
 def assign_nemo_encoder(
-    encoder: NemoConformerEncoder, state: dict[str, np.ndarray], prefix: str = ""
+    encoder: ConformerEncoder, state: dict[str, np.ndarray], prefix: str = ""
 ) -> set[str]:
-    """Fills a built encoder from NeMo's ConformerEncoder tensors under `prefix`
-    (`encoder.` in a whole model's state dict); returns the keys used."""
+    """Fills a built encoder (relative attention, a striding subsampling, BatchNorm,
+    final_norm block) from NeMo's ConformerEncoder tensors under `prefix` (`encoder.` in a
+    whole model's state dict); returns the keys used."""
     a = _Assigner(state, prefix)
     sub = encoder.subsampling
     for i, conv in enumerate(sub.convs):
@@ -88,22 +100,21 @@ def assign_nemo_encoder(
     for n, block in enumerate(encoder.blocks):
         layer = f"layers.{n}"
         norms = (
-            (block.norm_ff1, "norm_feed_forward1"), (block.norm_attention, "norm_self_att"),
-            (block.norm_conv, "norm_conv"), (block.norm_ff2, "norm_feed_forward2"),
-            (block.norm_out, "norm_out"),
+            (block.ff1.norm, "norm_feed_forward1"), (block.attn_norm, "norm_self_att"),
+            (block.conv.pre_norm, "norm_conv"), (block.ff2.norm, "norm_feed_forward2"),
+            (block.out_norm, "norm_out"),
         )  # fmt: skip
         for norm, key in norms:
             a.norm(norm, f"{layer}.{key}")
         for ff, key in ((block.ff1, "feed_forward1"), (block.ff2, "feed_forward2")):
             a.linear(ff.inner, f"{layer}.{key}.linear1")
             a.linear(ff.outer, f"{layer}.{key}.linear2")
-        att = block.attention
-        for dense, key in ((att.query, "linear_q"), (att.key, "linear_k"),
-                           (att.value, "linear_v"), (att.out, "linear_out")):  # fmt: skip
-            a.linear(dense, f"{layer}.self_attn.{key}")
-        a.linear(att.position, f"{layer}.self_attn.linear_pos")
-        a.put(att.pos_bias_u, a.take(f"{layer}.self_attn.pos_bias_u"), "pos_bias_u")
-        a.put(att.pos_bias_v, a.take(f"{layer}.self_attn.pos_bias_v"), "pos_bias_v")
+        att, at = block.attention, f"{layer}.self_attn"
+        a.linears(att.qkv, [f"{at}.linear_q", f"{at}.linear_k", f"{at}.linear_v"])
+        a.linear(att.out, f"{at}.linear_out")
+        a.linear(att.position, f"{at}.linear_pos")
+        a.put(att.pos_bias_u, a.take(f"{at}.pos_bias_u"), "pos_bias_u")
+        a.put(att.pos_bias_v, a.take(f"{at}.pos_bias_v"), "pos_bias_v")
         conv = block.conv
         a.pointwise1d(conv.pointwise_in, f"{layer}.conv.pointwise_conv1")
         depthwise = a.take(f"{layer}.conv.depthwise_conv.weight").transpose(2, 0, 1)
@@ -130,7 +141,7 @@ def blank_first(rows: np.ndarray, vocab_with_blank: int) -> np.ndarray:
 
 
 def assign_nemo_transducer(network, state: dict[str, np.ndarray], source: str = "") -> None:
-    """Fills a built asrkit Transducer (kind nemo_conformer, LSTM predictor with
+    """Fills a built asrkit Transducer (a Conformer with NeMo's options, LSTM predictor with
     blank_as_pad, relu/tanh joint) from a NeMo EncDecRNNTBPEModel's whole state dict.
     Tensors of heads asrkit does not import (e.g. a hybrid model's `ctc_decoder.`) must be
     removed from `state` first. Errors name `source` (the file)."""

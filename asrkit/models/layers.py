@@ -23,6 +23,12 @@ def seeded_dropout(x, rate: float, seed, salt: int, training: bool):
     return tf.nn.experimental.stateless_dropout(x, rate, seed=key)
 
 
+def seed_or_zeros(seed):
+    """A layer's dropout seed [2] int64 (an encoder passes one per block per call); a layer
+    used on its own outside training may leave it out."""
+    return tf.zeros([2], tf.int64) if seed is None else tf.cast(seed, tf.int64)
+
+
 def block_seeds(generator: keras.random.SeedGenerator, training: bool):
     """One [2] seed per call for a stack of blocks; a constant when nothing draws from it
     (not training, or no dropout), so the generator only advances when masks are drawn."""

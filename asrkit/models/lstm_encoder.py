@@ -10,8 +10,8 @@ import keras
 import tensorflow as tf
 
 from asrkit.config import EncoderConfig
+from asrkit.models.encoder import Encoder
 from asrkit.models.layers import (
-    CompositeLayer,
     block_seeds,
     maybe_recomputed,
     seeded_dropout,
@@ -21,7 +21,7 @@ from asrkit.models.subsampling import ConvSubsampling, subsample_piece
 
 
 @keras.saving.register_keras_serializable(package="asrkit")
-class LSTMEncoder(CompositeLayer):
+class LSTMEncoder(Encoder):
     """features [B, T, F], feature_lengths [B] -> encoder frames [B, T', units], lengths."""
 
     def __init__(
@@ -60,7 +60,13 @@ class LSTMEncoder(CompositeLayer):
             x = maybe_recomputed(run, self.recompute and training)(x)
         return zero_padding(x, lengths), lengths
 
-    streams = True  # causal: streams without chunks
+    @property
+    def blocks(self) -> list:
+        return self.lstms
+
+    @property
+    def streams(self) -> bool:
+        return True  # causal: streams without chunks
 
     def finish_stream(self, state):
         """The end of the streams: nothing waits (every frame left when it was made)."""

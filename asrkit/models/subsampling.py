@@ -1,17 +1,29 @@
-"""Convolutional ×4 time subsampling (its frame arithmetic: `asrkit.features.encoder_frames`).
+"""Convolutional time subsampling of the encoders (frame arithmetic:
+`asrkit.features.encoder_frames`).
 
-Two 3×3 convolutions with stride 2 and *valid* padding: output frame t always sees input
-frames [4t, 4t+6], whatever the padded length, so padding never shifts or leaks into an
-utterance's frames (TF's "same" padding would, depending on the padded length's parity).
+* `valid` (`ConvSubsampling`, asrkit's ×4): two 3×3 convolutions with stride 2 and *valid*
+  padding: output frame t always sees input frames [4t, 4t+6], whatever the padded length,
+  so padding never shifts or leaks into an utterance's frames (TF's "same" padding would,
+  depending on the padded length's parity), and a stream can be subsampled piece by piece.
+* `striding` and `dw_striding` (`StridingSubsampling`, NeMo's Conformer ×4 and
+  FastConformer ×8): per halving a 3×3 stride-2 convolution padded by 1 on each side
+  (`dw_striding`: after the first, a depthwise 3×3 stride-2 and a pointwise convolution),
+  each + ReLU, the time axis masked to each layer's valid length before every layer,
+  channels × frequency flattened channel-major into a linear layer. Valid frames:
+  (n + 2 - 3) // 2 + 1 per halving.
 """
 
 from __future__ import annotations
 
+import math
+
 import keras
 import tensorflow as tf
 
-from asrkit.features import MIN_FEATURE_FRAMES, conv_frames, encoder_frames
+from asrkit.features import MIN_FEATURE_FRAMES, conv_frames, encoder_frames, halved_frames
 from asrkit.models.layers import CompositeLayer, zero_padding
+
+STRIDINGS = ("striding", "dw_striding")
 
 
 @keras.saving.register_keras_serializable(package="asrkit")
@@ -58,3 +70,68 @@ def subsample_piece(subsampling: ConvSubsampling, features):
     features = tf.pad(features, [[0, 0], [0, short], [0, 0]])
     x, lengths = subsampling(features, tf.fill([batch], frames))
     return x[:, : lengths[0]]
+
+
+def _halvings(factor: int) -> int:
+    halvings = round(math.log2(factor))
+    if 2**halvings != factor or halvings < 1:
+        raise ValueError(f"subsampling factor must be a power of 2, got {factor}")
+    return halvings
+
+
+def _conv(conv, x):
+    """A subsampling convolution (3x3 stride 2 valid, or pointwise); for an empty batch (a
+    replica's empty share) zeros of the output shape: TensorFlow's CPU kernels give
+    tensors of the wrong shape for no items."""
+    shape = tf.shape(x)
+    channels = getattr(conv, "filters", None) or x.shape[3]
+    size, stride = conv.kernel_size[0], conv.strides[0]
+
+    def empty():
+        out = [0, (shape[1] - size) // stride + 1, (shape[2] - size) // stride + 1, channels]
+        return tf.zeros(tf.stack(out), x.dtype)
+
+    y = tf.cond(shape[0] > 0, lambda: conv(x), empty)
+    return tf.ensure_shape(y, [x.shape[0], None, None, channels])  # batch stays static
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class StridingSubsampling(CompositeLayer):
+    """features [B, T, F], lengths -> [B, T', output_dim], lengths' (NeMo's `striding` or
+    `dw_striding` by `factor`, a power of 2)."""
+
+    def __init__(self, *, kind: str, factor: int, filters: int, output_dim: int, **kwargs):
+        super().__init__(**kwargs)
+        if kind not in STRIDINGS:
+            raise ValueError(f"subsampling must be one of {STRIDINGS}, got {kind!r}")
+        self.kind, self.factor, self.filters, self.output_dim = kind, factor, filters, output_dim
+        self.halvings = _halvings(factor)
+        conv = lambda: keras.layers.Conv2D(filters, 3, strides=2, padding="valid")  # noqa: E731
+        if kind == "striding":
+            self.convs = [conv() for _ in range(self.halvings)]
+            self.pointwise = []
+        else:
+            self.convs = [conv()] + [
+                keras.layers.DepthwiseConv2D(3, strides=2, padding="valid")
+                for _ in range(self.halvings - 1)
+            ]
+            self.pointwise = [keras.layers.Conv2D(filters, 1) for _ in range(self.halvings - 1)]
+        self.out = keras.layers.Dense(output_dim, name="out")
+
+    def call(self, features, lengths):
+        x = features[..., None]  # [B, T, F, 1]: time and frequency as the image axes
+        for i, conv in enumerate(self.convs):
+            x = tf.pad(zero_padding(x, lengths), [[0, 0], [1, 1], [1, 1], [0, 0]])
+            x = _conv(conv, x)
+            lengths = halved_frames(lengths, 1)
+            if self.kind == "dw_striding" and i > 0:
+                x = _conv(self.pointwise[i - 1], zero_padding(x, lengths))
+            x = tf.nn.relu(x)
+        x = zero_padding(x, lengths)
+        shape = tf.shape(x)  # [B, T', F', C] -> channel-major [B, T', C * F']
+        x = tf.reshape(tf.transpose(x, [0, 1, 3, 2]), [shape[0], shape[1], -1])
+        return self.out(x), lengths
+
+    def get_config(self):
+        return {**super().get_config(), "kind": self.kind, "factor": self.factor,
+                "filters": self.filters, "output_dim": self.output_dim}  # fmt: skip

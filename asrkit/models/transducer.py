@@ -14,37 +14,26 @@ import keras
 import numpy as np
 
 from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
-from asrkit.models.conformer import ConformerEncoder
+from asrkit.models.conformer import ENCODER_OPTIONS, ConformerEncoder
+from asrkit.models.encoder import Encoder
 from asrkit.models.joint import Joint
 from asrkit.models.lstm_encoder import LSTMEncoder
-from asrkit.models.nemo_conformer import NemoConformerEncoder
 from asrkit.models.predictor import build_predictor
 
 
-def build_encoder(config: EncoderConfig):
-    if config.kind == "nemo_conformer":
-        return NemoConformerEncoder(
-            d_model=config.d_model, num_layers=config.num_blocks, num_heads=config.num_heads,
-            expansion=config.ff_expansion, kernel_size=config.kernel_size,
-            subsampling=config.subsampling, subsampling_factor=config.subsampling_factor,
-            subsampling_channels=config.subsampling_filters, xscaling=config.xscaling,
-            batch_norm_statistics="batch" if config.conv_norm == "batch" else "running",
-            dropout=config.dropout, use_bias=config.use_bias, recompute=config.recompute,
-            name="encoder",
-        )  # fmt: skip
+def build_encoder(config: EncoderConfig) -> Encoder:
     if config.kind == "lstm":
         return LSTMEncoder(
             units=config.lstm_units, num_layers=config.lstm_layers, dropout=config.dropout,
             subsampling_filters=config.subsampling_filters, recompute=config.recompute,
             name="encoder",
         )  # fmt: skip
+    options = {k: getattr(config, k) for k in ENCODER_OPTIONS}
     return ConformerEncoder(
         d_model=config.d_model, num_blocks=config.num_blocks, num_heads=config.num_heads,
         kernel_size=config.kernel_size, dropout=config.dropout, conv_norm=config.conv_norm,
-        subsampling_filters=config.subsampling_filters, recompute=config.recompute,
-        chunk_frames=config.chunk_frames, left_chunks=config.left_chunks,
-        dynamic_chunks=config.dynamic_chunks, final_norm=config.final_norm,
-        conv_context=config.conv_context, name="encoder",
+        subsampling_filters=config.subsampling_filters, final_norm=config.final_norm,
+        name="encoder", **options,
     )  # fmt: skip
 
 

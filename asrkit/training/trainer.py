@@ -523,6 +523,5 @@ def freeze_encoder(network: Transducer, blocks: int) -> None:
         encoder.trainable = False
         return
     encoder.subsampling.trainable = False
-    layers = getattr(encoder, "blocks", None) or getattr(encoder, "lstms", [])
-    for layer in layers[:blocks]:
+    for layer in encoder.blocks[:blocks]:
         layer.trainable = False

@@ -10,9 +10,16 @@ from pathlib import Path
 import pytest
 
 from asrkit.cli.main import main
+from asrkit.config import SCHEMA_VERSION
 
 ASRKIT = Path(sys.executable).parent / "asrkit"
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _record_config(exp, tokenizer: str) -> None:
+    """A recorded config of this asrkit that names a tokenizer directory."""
+    config = {"schema": SCHEMA_VERSION, "data": {"tokenizer": tokenizer}}
+    (exp / "config.yaml").write_text(json.dumps(config))
 
 
 def _one_error_line(capsys, command: str) -> str:
@@ -82,7 +89,9 @@ def test_a_mistake_run_as_a_command_prints_no_traceback_and_no_tensorflow_noise(
     # one line, and TensorFlow's own lines only with --verbose.
     exp = tmp_path / "exp"
     exp.mkdir()
-    (exp / "config.yaml").write_text(json.dumps({"schema": 1, "data": {"tokenizer": "tok"}}))
+    (exp / "config.yaml").write_text(
+        json.dumps({"schema": SCHEMA_VERSION, "data": {"tokenizer": "tok"}})
+    )
     (tmp_path / "u1.flac").write_bytes(b"")
     one = {"id": "u1", "audio_path": f"{tmp_path}/u1.flac", "duration": 1.0, "text": "A",
            "speaker": "1"}  # fmt: skip
@@ -104,7 +113,9 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_an_experiment_without_its_tokenizer_is_a_clear_error(tmp_path, capsys):
     exp = tmp_path / "exp"
     exp.mkdir()
-    (exp / "config.yaml").write_text(json.dumps({"schema": 1, "data": {"tokenizer": "tokenizer"}}))
+    (exp / "config.yaml").write_text(
+        json.dumps({"schema": SCHEMA_VERSION, "data": {"tokenizer": "tokenizer"}})
+    )
     (tmp_path / "u1.flac").write_bytes(b"")  # looked at only once the model loaded
     one = {"id": "u1", "audio_path": f"{tmp_path}/u1.flac", "duration": 1.0, "text": "A",
            "speaker": "1"}  # fmt: skip
@@ -186,7 +197,9 @@ def test_results_are_kept_when_the_target_fails_late(tmp_path, monkeypatch):
 def test_empty_and_broken_manifests_are_named_with_their_line(tmp_path, capsys):
     exp = tmp_path / "exp"
     exp.mkdir()
-    (exp / "config.yaml").write_text(json.dumps({"schema": 1, "data": {"tokenizer": "tokenizer"}}))
+    (exp / "config.yaml").write_text(
+        json.dumps({"schema": SCHEMA_VERSION, "data": {"tokenizer": "tokenizer"}})
+    )
     (tmp_path / "zero.jsonl").write_text("")
     good = {"id": "u1", "audio_path": f"{tmp_path}/u1.flac", "duration": 1.0, "text": "A",
             "speaker": "1"}  # fmt: skip

@@ -187,15 +187,10 @@ def test_too_few_frames_for_the_tokens_are_filtered_and_counted(tmp_path):
     batches = _collect(make_dataset([str(path)], config, [100], [10], training=False))
     assert sum(len(b[1]) for b in batches) == 1
     # A FastConformer's x8 subsampling leaves 5 encoder frames: nothing to train on, named.
-    from asrkit.config import EncoderConfig
     from asrkit.errors import InputError
+    from tests.tiny import tiny_encoder
 
-    fast = EncoderConfig(
-        kind="nemo_conformer",
-        subsampling="dw_striding",
-        subsampling_factor=8,
-        conv_norm="frozen_batch",
-    )
+    fast = tiny_encoder("nemo_conformer")
     with pytest.raises(InputError, match=r"shards/x: none of its 2 utterance\(s\).*80 ms"):
         index_shards([str(path)], fast, "shards/x")
 

@@ -37,6 +37,12 @@ ENCODERS = {
         subsampling_filters=8, dropout=0.0, chunk_frames=8, left_chunks=-1, final_norm="block",
         conv_context="causal",
     ),
+    # NeMo's attention and scaling on asrkit's chunks (its chunked_limited context)
+    "conformer, relative positions": EncoderConfig(
+        kind="conformer", d_model=16, num_blocks=2, num_heads=2, kernel_size=5,
+        subsampling_filters=8, dropout=0.0, chunk_frames=4, left_chunks=2, final_norm="block",
+        attention="relative", xscaling=True, norm_epsilon=1e-5, use_bias=False,
+    ),
 }  # fmt: skip
 
 
@@ -57,6 +63,7 @@ def normalize(clip):
         "lstm",
         pytest.param("conformer, 1 chunk back", marks=pytest.mark.slow),
         pytest.param("conformer, all back", marks=pytest.mark.slow),
+        pytest.param("conformer, relative positions", marks=pytest.mark.slow),
     ],
 )
 def network(request, clip, normalize):

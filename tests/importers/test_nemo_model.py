@@ -136,8 +136,11 @@ def test_the_experiment_states_the_model_the_features_and_the_search(imported):
     config = experiment.config
     assert summary.plan.kind == "TDT" and config.model.durations == (0, 1, 2, 3, 4)
     encoder = config.model.encoder
-    assert (encoder.kind, encoder.subsampling, encoder.subsampling_factor) == (
-        "nemo_conformer", "dw_striding", 8,
+    assert (encoder.kind, encoder.attention, encoder.subsampling, encoder.subsampling_factor) == (
+        "conformer", "relative", "dw_striding", 8,
+    )  # fmt: skip
+    assert (encoder.norm_epsilon, encoder.batch_norm_momentum, encoder.final_norm) == (
+        1e-5, 0.9, "block",
     )  # fmt: skip
     assert config.features.kind == "nemo" and config.features.normalize == "per_feature"
     assert config.decode.max_symbols_per_step == 5  # NeMo's decoding.greedy.max_symbols

@@ -117,13 +117,13 @@ def test_mixed_float16_hidden_states_keep_float32_logits():
 @pytest.mark.parametrize("kind", ["lstm", "conformer"])
 def test_the_task_trains_the_same_fused_or_not(kind):
     """Every trainable variable's gradient through the whole transducer, fused vs not."""
-    from asrkit.config import EncoderConfig, LossConfig, ModelConfig, PredictorConfig
+    from asrkit.config import LossConfig, ModelConfig, PredictorConfig
     from asrkit.models.transducer import Transducer
     from asrkit.training.task import TransducerTask
+    from tests.tiny import tiny_encoder
 
     config = ModelConfig(
-        encoder=EncoderConfig(kind=kind, d_model=16, num_blocks=1, num_heads=2, kernel_size=5,
-                              subsampling_filters=8, lstm_units=16, lstm_layers=1, dropout=0.0),
+        encoder=tiny_encoder(kind),
         predictor=PredictorConfig(embed_dim=8, units=16, dropout=0.0), joint_dim=16,
     )  # fmt: skip
     rng = np.random.default_rng(7)

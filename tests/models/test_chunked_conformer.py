@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from asrkit.features import encoder_frames
 from asrkit.models.conformer import (
     ConformerEncoder,
     ConvolutionModule,
@@ -200,3 +201,35 @@ def test_a_module_context_and_an_encoder_conv_context_must_be_known():
         ConvolutionModule(d_model=8, kernel_size=5, norm="layer", dropout=0.0, context="both")
     with pytest.raises(ValueError, match="conv_context"):
         ConformerEncoder(**TINY, final_norm="none", conv_context="future")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(conv_context="chunk"),
+        dict(attention="relative", xscaling=True, norm_epsilon=1e-5, conv_context="causal"),
+    ],
+    ids=["rotary", "relative positions, xscaling"],
+)
+def test_an_encoder_fed_in_pieces_gives_the_whole_utterances_frames(options):
+    """stream() / finish_stream() over feature pieces of uneven sizes (the caller keeps the
+    features its subsampling has not used, as the streaming decoder does) = one call on the
+    whole utterance, under either attention."""
+    keras.utils.set_random_seed(8)
+    encoder = ConformerEncoder(d_model=16, num_blocks=2, num_heads=2, kernel_size=5,
+                               dropout=0.0, subsampling_filters=8, conv_norm="layer",
+                               final_norm="block", chunk_frames=3, left_chunks=1,
+                               **options)  # fmt: skip
+    features = np.random.default_rng(2).standard_normal((1, 137, 80)).astype(np.float32)
+    whole, lengths = encoder(features, np.array([137]))
+    state, waiting, pieces, start = encoder.initial_stream_state(1), features[:, :0], [], 0
+    for size in (5, 1, 30, 0, 17, 44, 40):
+        waiting = np.concatenate([waiting, features[:, start : start + size]], axis=1)
+        start += size
+        out, state = encoder.stream(tf.constant(waiting), state)
+        pieces.append(out.numpy())
+        waiting = waiting[:, 4 * int(encoder_frames(waiting.shape[1])) :]
+    pieces.append(encoder.finish_stream(state)[0].numpy())
+    got = np.concatenate(pieces, axis=1)
+    assert got.shape[1] == int(lengths[0])
+    np.testing.assert_allclose(got, whole.numpy()[:, : got.shape[1]], atol=2e-5)

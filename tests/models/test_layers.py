@@ -1,25 +1,27 @@
-"""One harness for every layer: config round trip, eager == graph, serialization, mixed
-precision; plus padding invariance of the encoders and the transducer loss."""
+"""One harness for every registered layer: config round trip, eager == graph,
+serialization, mixed precision (a test enumerates Keras' registry, so a new layer without a
+harness entry fails); plus padding invariance of the encoders and the transducer loss."""
+
+import importlib
+import pkgutil
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import asrkit
 from asrkit.config import EncoderConfig, LossConfig, ModelConfig, PredictorConfig
-from asrkit.models.conformer import (
-    ConformerBlock,
-    ConformerEncoder,
-    ConvolutionModule,
-    FeedForward,
-    RotarySelfAttention,
-)
-from asrkit.models.joint import Joint
+from asrkit.models.attention import SelfAttention
+from asrkit.models.conformer import ConformerBlock, ConformerEncoder, FeedForward
+from asrkit.models.convolution import ConvolutionModule
+from asrkit.models.joint import Joint, SimpleJoiner
+from asrkit.models.layers import BatchNorm
 from asrkit.models.lstm_encoder import LSTMEncoder
 from asrkit.models.predictor import LSTMPredictor, StatelessPredictor
-from asrkit.models.subsampling import ConvSubsampling
+from asrkit.models.subsampling import ConvSubsampling, StridingSubsampling
 from asrkit.models.transducer import Transducer
-from asrkit.training.task import TransducerTask
+from asrkit.training.task import LossHeads, TransducerTask
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((2, 9, 16)).astype(np.float32)
@@ -30,70 +32,201 @@ LABELS = np.array([[3, 4, 5], [6, 7, 0]], np.int32)
 
 CONFORMER = dict(d_model=16, num_blocks=2, num_heads=2, kernel_size=5, conv_norm="layer",
                  subsampling_filters=8)  # fmt: skip
+# NeMo's options (relative attention, its subsampling, xscaling, torch's epsilon, BatchNorm).
+NEMO_OPTIONS = dict(attention="relative", conv_norm="frozen_batch", norm_epsilon=1e-5,
+                    batch_norm_momentum=0.9, xscaling=True)  # fmt: skip
+TINY_MODEL = ModelConfig(
+    encoder=EncoderConfig(d_model=16, num_blocks=1, num_heads=2, kernel_size=5,
+                          subsampling_filters=8, dropout=0.1),
+    predictor=PredictorConfig(embed_dim=8, units=16, dropout=0.1), joint_dim=16,
+)  # fmt: skip
 
-# (factory, call) pairs: call(layer) -> a tensor
+
+def _encoded(m):
+    return m(FEATS, FEAT_LENGTHS)[0]
+
+
+def _tensors():
+    return tf.constant(X), tf.constant(X[:, :4])
+
+
+def _heads(m):
+    am, lm = m.simple(X, X[:, :4])
+    return tf.concat([m.ctc(X), am, lm[:, :1]], axis=1)
+
+
+# Each entry: (the registered class, its factory, call(layer) -> a tensor).
 LAYERS = {
-    "feed_forward": (lambda: FeedForward(d_model=16, dropout=0.1), lambda m: m(X)),
-    "attention": (
-        lambda: RotarySelfAttention(d_model=16, num_heads=2, dropout=0.0),
+    "feed_forward": (FeedForward, lambda: FeedForward(d_model=16, dropout=0.1), lambda m: m(X)),
+    "attention_rotary": (
+        SelfAttention,
+        lambda: SelfAttention(d_model=16, num_heads=2, dropout=0.0),
+        lambda m: m(X, tf.sequence_mask(LENGTHS, 9)),
+    ),
+    "attention_relative": (
+        SelfAttention,
+        lambda: SelfAttention(
+            d_model=16, num_heads=2, dropout=0.0, positions="relative", use_bias=False
+        ),
         lambda m: m(X, tf.sequence_mask(LENGTHS, 9)),
     ),
     "conv_module": (
+        ConvolutionModule,
         lambda: ConvolutionModule(
             d_model=16, kernel_size=5, norm="layer", dropout=0.0, context="full"
         ),
         lambda m: m(X, LENGTHS),
     ),
+    "conv_module_batch_norm": (
+        ConvolutionModule,
+        lambda: ConvolutionModule(
+            d_model=16,
+            kernel_size=5,
+            norm="frozen_batch",
+            dropout=0.0,
+            context="causal",
+            use_bias=False,
+            epsilon=1e-5,
+        ),
+        lambda m: m(X, LENGTHS),
+    ),
+    "batch_norm": (BatchNorm, lambda: BatchNorm(epsilon=1e-5), lambda m: m(X)),
     "conformer_block": (
+        ConformerBlock,
+        lambda: ConformerBlock(d_model=16, num_heads=2, kernel_size=5, dropout=0.1, out_norm=True),
+        lambda m: m(X, LENGTHS),
+    ),
+    "conformer_block_nemo": (
+        ConformerBlock,
         lambda: ConformerBlock(
             d_model=16,
             num_heads=2,
             kernel_size=5,
             dropout=0.1,
-            conv_norm="layer",
-            conv_context="full",
             out_norm=True,
+            ff_expansion=2,
+            use_bias=False,
+            **{k: v for k, v in NEMO_OPTIONS.items() if k != "xscaling"},
         ),
         lambda m: m(X, LENGTHS),
     ),
     "subsampling": (
+        ConvSubsampling,
         lambda: ConvSubsampling(filters=8, output_dim=16),
         lambda m: m(FEATS, FEAT_LENGTHS)[0],
     ),
-    "conformer": (
-        lambda: ConformerEncoder(**CONFORMER, dropout=0.1, final_norm="block"),
+    "striding_subsampling": (
+        StridingSubsampling,
+        lambda: StridingSubsampling(kind="striding", factor=4, filters=8, output_dim=16),
         lambda m: m(FEATS, FEAT_LENGTHS)[0],
+    ),
+    "dw_striding_subsampling": (
+        StridingSubsampling,
+        lambda: StridingSubsampling(kind="dw_striding", factor=8, filters=8, output_dim=16),
+        lambda m: m(FEATS, FEAT_LENGTHS)[0],
+    ),
+    "conformer": (
+        ConformerEncoder,
+        lambda: ConformerEncoder(**CONFORMER, dropout=0.1, final_norm="block"),
+        _encoded,
     ),
     "conformer_encoder_norm": (
+        ConformerEncoder,
         lambda: ConformerEncoder(**CONFORMER, dropout=0.1, final_norm="encoder"),
-        lambda m: m(FEATS, FEAT_LENGTHS)[0],
+        _encoded,
     ),
     "conformer_no_final_norm": (
+        ConformerEncoder,
         lambda: ConformerEncoder(**CONFORMER, dropout=0.1, final_norm="none"),
-        lambda m: m(FEATS, FEAT_LENGTHS)[0],
+        _encoded,
+    ),
+    "conformer_nemo_striding": (
+        ConformerEncoder,
+        lambda: ConformerEncoder(
+            **{**CONFORMER, **NEMO_OPTIONS}, dropout=0.1, final_norm="block", subsampling="striding"
+        ),
+        _encoded,
+    ),
+    "conformer_nemo_dw_striding": (
+        ConformerEncoder,
+        lambda: ConformerEncoder(
+            **{**CONFORMER, **NEMO_OPTIONS},
+            dropout=0.1,
+            final_norm="block",
+            subsampling="dw_striding",
+            subsampling_factor=8,
+            use_bias=False,
+        ),
+        _encoded,
     ),
     "lstm_encoder": (
+        LSTMEncoder,
         lambda: LSTMEncoder(units=16, num_layers=2, dropout=0.1, subsampling_filters=8),
-        lambda m: m(FEATS, FEAT_LENGTHS)[0],
+        _encoded,
     ),
     "predictor": (
+        LSTMPredictor,
         lambda: LSTMPredictor(vocab_size=10, embed_dim=8, units=16, num_layers=1, dropout=0.1),
         lambda m: m(LABELS),
     ),
     "stateless_predictor": (
+        StatelessPredictor,
         lambda: StatelessPredictor(
             vocab_size=10, embed_dim=8, units=16, context_size=3, dropout=0.1
         ),
         lambda m: m(LABELS),
     ),
-    "joint": (lambda: Joint(vocab_size=10, dim=12), lambda m: m(X, X[:, :4])),
+    "joint": (Joint, lambda: Joint(vocab_size=10, dim=12), lambda m: m(X, X[:, :4])),
+    "tdt_joint": (
+        Joint,
+        lambda: Joint(vocab_size=10, dim=12, activation="relu", durations=3),
+        lambda m: tf.concat([m(X, X[:, :4]), m.duration_layer(m.hidden(*_tensors()))], -1),
+    ),
+    "simple_joiner": (
+        SimpleJoiner,
+        lambda: SimpleJoiner(vocab_size=10),
+        lambda m: tf.concat(m(X, X[:, :4]), axis=1),
+    ),
+    "loss_heads": (
+        LossHeads,
+        lambda: LossHeads(vocab_size=10, loss=LossConfig(kind="pruned", ctc_weight=0.3)),
+        _heads,
+    ),
+    "transducer": (
+        Transducer,
+        lambda: Transducer(10, TINY_MODEL),
+        lambda m: m((FEATS, FEAT_LENGTHS, LABELS)),
+    ),
 }
+# Registered layers the harness leaves to their own tests, and why.
+NOT_IN_HARNESS = {
+    TransducerTask: "a training task around a Transducer: tests/training/test_task.py",
+}
+
+
+def _registered_layers() -> set[type]:
+    for module in pkgutil.walk_packages(asrkit.__path__, "asrkit."):
+        if not module.name.startswith("asrkit.cli"):
+            importlib.import_module(module.name)
+    objects = keras.saving.get_custom_objects()
+    return {
+        cls for name, cls in objects.items()
+        if name.startswith("asrkit>") and isinstance(cls, type)
+        and issubclass(cls, keras.layers.Layer)
+    }  # fmt: skip
+
+
+def test_every_registered_layer_is_in_the_harness():
+    covered = {cls for cls, _, _ in LAYERS.values()} | set(NOT_IN_HARNESS)
+    missing = sorted(cls.__name__ for cls in _registered_layers() - covered)
+    assert not missing, f"registered layers without a harness entry: {missing}"
 
 
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_layer_contract(name):
-    factory, run = LAYERS[name]
+    cls, factory, run = LAYERS[name]
     layer = factory()
+    assert type(layer) is cls
     out = run(layer)
     # Config round trip: same class, same config, and with the same weights the same output.
     clone = type(layer).from_config(layer.get_config())
@@ -101,16 +234,19 @@ def test_layer_contract(name):
     run(clone)
     clone.set_weights(layer.get_weights())
     np.testing.assert_allclose(run(clone), out, atol=1e-6)
-    # Keras serialization knows the class by its registered name.
+    # Keras serialization knows the class by its registered name; the weights load back.
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
     assert type(restored) is type(layer)
+    run(restored)
+    restored.set_weights(layer.get_weights())
+    np.testing.assert_allclose(run(restored), out, atol=1e-6)
     # Eager == graph.
     np.testing.assert_allclose(tf.function(lambda: run(layer), autograph=False)(), out, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["conformer_block", "conformer", "lstm_encoder", "joint"])
+@pytest.mark.parametrize("name", list(LAYERS))
 def test_layer_runs_in_mixed_float16(name):
-    factory, run = LAYERS[name]
+    _, factory, run = LAYERS[name]
     keras.mixed_precision.set_dtype_policy("mixed_float16")
     try:
         layer = factory()
@@ -123,6 +259,9 @@ def test_layer_runs_in_mixed_float16(name):
 
 ENCODERS = {
     "conformer": lambda: ConformerEncoder(**CONFORMER, dropout=0.0, final_norm="block"),
+    "nemo conformer": lambda: ConformerEncoder(
+        **{**CONFORMER, **NEMO_OPTIONS}, dropout=0.0, final_norm="block", subsampling="striding"
+    ),
     "chunked conformer": lambda: ConformerEncoder(
         **CONFORMER, dropout=0.0, final_norm="block", chunk_frames=2, left_chunks=1
     ),
@@ -146,10 +285,13 @@ def test_encoder_output_is_the_same_alone_or_batched(kind):
         assert np.all(encoded[b, n:].numpy() == 0)
 
 
+SIZES = {"lstm": dict(lstm_units=16, lstm_layers=1),
+         "conformer": dict(d_model=16, num_blocks=1, num_heads=2, kernel_size=5)}  # fmt: skip
+
+
 def _tiny_transducer(kind="lstm", normalize_by="tokens"):
     config = ModelConfig(
-        encoder=EncoderConfig(kind=kind, d_model=16, num_blocks=1, num_heads=2, kernel_size=5,
-                              subsampling_filters=8, lstm_units=16, lstm_layers=1, dropout=0.0),
+        encoder=EncoderConfig(kind=kind, subsampling_filters=8, dropout=0.0, **SIZES[kind]),
         predictor=PredictorConfig(embed_dim=8, units=16, dropout=0.0),
         joint_dim=16,
     )  # fmt: skip

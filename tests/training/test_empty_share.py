@@ -17,7 +17,7 @@ import tensorflow as tf
 from asrkit.config import EncoderConfig, LossConfig
 from asrkit.models.transducer import Transducer
 from asrkit.training.task import TransducerTask
-from tests.tiny import tiny_model_config
+from tests.tiny import tiny_encoder, tiny_model_config
 from tests.training.toy import (
     TokenRegressor,
     assert_weights_close,
@@ -73,10 +73,7 @@ def _conformer_task(conv_norm: str) -> TransducerTask:
     frozen BatchNorm, FastConformer subsampling, the blank-as-padding predictor, a ReLU
     joint); "nemo_tdt": the same with a TDT joint and the fused TDT loss in small chunks."""
     if conv_norm in ("nemo", "nemo_tdt"):
-        encoder = EncoderConfig(kind="nemo_conformer", d_model=16, num_blocks=1, num_heads=2,
-                                kernel_size=5, subsampling_filters=8, dropout=0.0,
-                                conv_norm="frozen_batch", subsampling="dw_striding",
-                                subsampling_factor=8)  # fmt: skip
+        encoder = tiny_encoder("nemo_conformer")
         base = tiny_model_config()
         tdt = conv_norm == "nemo_tdt"
         config = dataclasses.replace(

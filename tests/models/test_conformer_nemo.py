@@ -1,7 +1,7 @@
-"""asrkit's NeMo-architecture encoders against NeMo's own ConformerEncoder: tiny random-init
-models (striding x4 Conformer, dw_striding x8 FastConformer; BatchNorm running statistics
-randomised) whose checkpoints and outputs on NeMo's features of real speech NeMo wrote
-(tools/make_nemo_fixtures.py)."""
+"""asrkit's Conformer with NeMo's options against NeMo's own ConformerEncoder: tiny
+random-init models (striding x4 Conformer, dw_striding x8 FastConformer; BatchNorm running
+statistics randomised) whose checkpoints and outputs on NeMo's features of real speech NeMo
+wrote (tools/make_nemo_fixtures.py)."""
 
 import json
 from pathlib import Path
@@ -10,20 +10,26 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from asrkit.config import EncoderConfig
 from asrkit.importers.nemo_weights import WeightMismatch, assign_nemo_encoder
 from asrkit.importers.torch_checkpoint import read_torch_checkpoint
-from asrkit.models.nemo_conformer import NemoConformerEncoder
+from asrkit.models.conformer import ConformerEncoder
+from asrkit.models.transducer import build_encoder
 
 NEMO = Path(__file__).resolve().parents[1] / "data" / "nemo"
 
 
-def _encoder(config: dict) -> NemoConformerEncoder:
-    return NemoConformerEncoder(
-        d_model=config["d_model"], num_layers=config["n_layers"], num_heads=config["n_heads"],
-        expansion=config["ff_expansion_factor"], kernel_size=config["conv_kernel_size"],
+def _encoder(config: dict) -> ConformerEncoder:
+    """NeMo's encoder config -> asrkit's Conformer with NeMo's options, by hand (the
+    importer's own mapping is tested on whole models in tests/importers)."""
+    return build_encoder(EncoderConfig(
+        kind="conformer", d_model=config["d_model"], num_blocks=config["n_layers"],
+        num_heads=config["n_heads"], ff_expansion=config["ff_expansion_factor"],
+        kernel_size=config["conv_kernel_size"], attention="relative",
         subsampling=config["subsampling"], subsampling_factor=config["subsampling_factor"],
-        subsampling_channels=config["subsampling_conv_channels"], xscaling=config["xscaling"],
-    )  # fmt: skip
+        subsampling_filters=config["subsampling_conv_channels"], xscaling=config["xscaling"],
+        norm_epsilon=1e-5, conv_norm="frozen_batch", final_norm="block", dropout=0.0,
+    ))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
