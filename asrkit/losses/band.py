@@ -27,11 +27,11 @@ import tensorflow as tf
 from asrkit.losses.cells import cells_gradient, joint_cells, picked
 from asrkit.losses.chunks import (
     DEFAULT_CHUNK_BYTES,
-    chunk_loop,
+    accumulate_chunks,
     in_chunks,
     joint_chunk_frames,
+    map_chunks,
     static_or_dynamic,
-    stitch,
 )
 
 
@@ -106,15 +106,11 @@ def _chunk(enc_c, pred, rows_c, kernel, bias, i, activation):
 # Graph functions even for eager callers (see asrkit.losses.fused).
 @functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _forward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames, activation):
-    def body(i, lse_acc, blank_acc, label_acc):
+    def forward_chunk(i):
         _, logits = _chunk(enc_c, pred, rows_c, kernel, bias, i, activation)
-        lse, picked_blank, picked_label = picked(logits, tf.gather(labels_c, i, axis=1), blank)
-        return (i + 1, lse_acc.write(i, lse), blank_acc.write(i, picked_blank),
-                label_acc.write(i, picked_label))  # fmt: skip
+        return picked(logits, tf.gather(labels_c, i, axis=1), blank)  # lse, blank, label
 
-    arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(3)]
-    _, *arrays = chunk_loop(chunks, body, [tf.constant(0), *arrays])
-    return tuple(stitch(a, frames) for a in arrays)
+    return map_chunks(chunks, frames, forward_chunk, 3)
 
 
 @functools.partial(tf.function, reduce_retracing=True, autograph=False)
@@ -124,7 +120,7 @@ def _backward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames
     # Row r of utterance b is segment b·(U+1) + r of the flattened predictor.
     offsets = tf.range(shape[0])[:, None, None] * shape[1]  # [B, 1, 1]
 
-    def body(i, d_enc, d_pred, d_kernel, d_bias):
+    def backward_chunk(i):
         hidden, logits = _chunk(enc_c, pred, rows_c, kernel, bias, i, activation)
         # The loss' upstream gradients are minus the posteriors `cells_gradient` expects.
         d_pre, chunk_kernel, chunk_bias = cells_gradient(
@@ -132,22 +128,14 @@ def _backward(enc_c, pred, rows_c, kernel, bias, labels_c, blank, chunks, frames
             -tf.gather(g_label_c, i, axis=1), blank, tf.gather(labels_c, i, axis=1), kernel,
             activation,
         )  # fmt: skip
-        d_kernel = tf.ensure_shape(d_kernel + chunk_kernel, kernel.shape)
-        d_bias = tf.ensure_shape(d_bias + chunk_bias, bias.shape)
-        d_enc = d_enc.write(i, tf.reduce_sum(d_pre, axis=2))  # [B, C, H]
         segments = tf.reshape(tf.gather(rows_c, i, axis=1) + offsets, [-1])
         d_rows = tf.math.unsorted_segment_sum(
             tf.reshape(d_pre, [-1, shape[2]]), segments, shape[0] * shape[1]
         )
-        d_pred = tf.ensure_shape(d_pred + tf.reshape(d_rows, shape), d_pred.shape)
-        return i + 1, d_enc, d_pred, d_kernel, d_bias
+        # d_enc [B, C, H]; d_pred, d_kernel, d_bias summed over chunks
+        return tf.reduce_sum(d_pre, axis=2), (tf.reshape(d_rows, shape), chunk_kernel, chunk_bias)
 
-    init = [
-        tf.constant(0),
-        tf.TensorArray(tf.float32, size=chunks),
-        tf.zeros(shape, tf.float32),
-        tf.zeros(tf.shape(kernel), tf.float32),
-        tf.zeros(tf.shape(bias), tf.float32),
-    ]
-    _, d_enc, d_pred, d_kernel, d_bias = chunk_loop(chunks, body, init)
-    return stitch(d_enc, frames), d_pred, d_kernel, d_bias
+    totals = [tf.zeros_like(pred, tf.float32), tf.zeros_like(kernel, tf.float32),
+              tf.zeros_like(bias, tf.float32)]  # fmt: skip
+    d_enc, (d_pred, d_kernel, d_bias) = accumulate_chunks(chunks, frames, backward_chunk, totals)
+    return d_enc, d_pred, d_kernel, d_bias

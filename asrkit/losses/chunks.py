@@ -1,6 +1,9 @@
-"""Chunk loops: the losses that never hold a [B, T, X, V] tensor evaluate their joint a
-chunk of frames at a time, in a `tf.while_loop` of one chunk at a time, sized from a
-memory budget by one function (`joint_chunk_frames`)."""
+"""Chunk loops: the losses that never hold a [B, T, X, V] tensor (the fused RNN-T and TDT
+losses, the pruned loss' band and its trivial joiner) evaluate their joint a chunk of
+frames at a time, in a `tf.while_loop` of one chunk at a time, sized from a memory budget
+by one function (`joint_chunk_frames`). Their forward passes share `map_chunks` (per-frame
+outputs of every chunk, stitched) and their backward passes `accumulate_chunks` (a
+per-frame gradient stitched, and gradients summed over chunks)."""
 
 from __future__ import annotations
 
@@ -69,3 +72,31 @@ def stitch(array: tf.TensorArray, frames) -> tf.Tensor:
     moved = tf.transpose(stacked, [1, 0, *range(2, rank)])
     joined = tf.reshape(moved, tf.concat([[shape[1], -1], shape[3:]], 0))
     return joined[:, :frames]
+
+
+def map_chunks(chunks, frames, chunk_fn, count: int) -> tuple[tf.Tensor, ...]:
+    """`chunk_fn(i)` -> `count` float32 tensors [B, C, ...] for chunks i = 0 .. chunks - 1,
+    one chunk at a time -> each stitched to [B, T, ...]."""
+
+    def body(i, *arrays):
+        outputs = chunk_fn(i)
+        return (i + 1, *(a.write(i, x) for a, x in zip(arrays, outputs, strict=True)))
+
+    arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(count)]
+    _, *arrays = chunk_loop(chunks, body, [tf.constant(0), *arrays])
+    return tuple(stitch(a, frames) for a in arrays)
+
+
+def accumulate_chunks(chunks, frames, chunk_fn, totals):
+    """`chunk_fn(i)` -> (a float32 per-frame part [B, C, ...] of chunk i, one increment per
+    tensor of `totals`), one chunk at a time -> (the parts stitched to [B, T, ...], the
+    totals plus every chunk's increments)."""
+
+    def body(i, parts, *sums):
+        part, increments = chunk_fn(i)
+        sums = [tf.ensure_shape(t + d, t.shape) for t, d in zip(sums, increments, strict=True)]
+        return (i + 1, parts.write(i, part), *sums)
+
+    init = [tf.constant(0), tf.TensorArray(tf.float32, size=chunks), *totals]
+    _, parts, *sums = chunk_loop(chunks, body, init)
+    return stitch(parts, frames), sums

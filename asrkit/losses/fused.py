@@ -31,11 +31,11 @@ import tensorflow as tf
 from asrkit.losses.cells import cells_gradient, joint_cells, picked
 from asrkit.losses.chunks import (
     DEFAULT_CHUNK_BYTES,
-    chunk_loop,
+    accumulate_chunks,
     in_chunks,
     joint_chunk_frames,
+    map_chunks,
     static_or_dynamic,
-    stitch,
 )
 from asrkit.losses.lattice import Lattice, forward_backward, mask_emissions, next_labels, posteriors
 
@@ -130,16 +130,12 @@ def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, 
 def _forward_chunks(padded, chunks, pred, kernel, bias, next_label, blank, chunk, frames, act):
     """Log-sum-exp, blank and next-label log-probs [B, T, U+1], one chunk at a time."""
 
-    def forward_chunk(i, lse_acc, blank_acc, label_acc):
+    def forward_chunk(i):
         _, logits = _chunk_logits(padded, pred, kernel, bias, i, act)
         label_index = tf.broadcast_to(next_label[:, None, :], tf.shape(logits)[:3])
-        lse, picked_blank, picked_label = picked(logits, label_index, blank)  # [B, C, U+1]
-        return (i + 1, lse_acc.write(i, lse), blank_acc.write(i, picked_blank),
-                label_acc.write(i, picked_label))  # fmt: skip
+        return picked(logits, label_index, blank)  # lse, blank, label [B, C, U+1]
 
-    arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(3)]
-    _, *arrays = chunk_loop(chunks, forward_chunk, [tf.constant(0), *arrays])
-    return tuple(stitch(a, frames) for a in arrays)
+    return map_chunks(chunks, frames, forward_chunk, 3)
 
 
 @functools.partial(tf.function, reduce_retracing=True, autograph=False)
@@ -149,27 +145,23 @@ def _backward(padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk,
                                    for x in (post_blank, post_label, saved.lse))  # fmt: skip
     labels = saved.next_label[:, None]  # [B, 1, U+1]
 
-    def backward_chunk(i, d_enc, d_pred, d_kernel, d_bias):
+    def backward_chunk(i):
         hidden, logits = _chunk_logits(padded, pred, kernel, bias, i, act)
         blank_c, label_c = tf.gather(post_blank, i, axis=1), tf.gather(post_label, i, axis=1)
         d_pre, chunk_kernel, chunk_bias = cells_gradient(
             hidden, logits, tf.gather(lse, i, axis=1), blank_c, label_c, blank, labels, kernel,
             act,
         )  # fmt: skip
-        d_enc = d_enc.write(i, tf.reduce_sum(d_pre, axis=2))  # [B, C, H]
-        d_pred = tf.ensure_shape(d_pred + tf.reduce_sum(d_pre, axis=1), pred.shape)
-        d_kernel = tf.ensure_shape(d_kernel + chunk_kernel, kernel.shape)
-        return i + 1, d_enc, d_pred, d_kernel, tf.ensure_shape(d_bias + chunk_bias, bias.shape)
+        # d_enc [B, C, H]; d_pred, d_kernel, d_bias summed over chunks
+        return tf.reduce_sum(d_pre, axis=2), (
+            tf.reduce_sum(d_pre, axis=1),
+            chunk_kernel,
+            chunk_bias,
+        )
 
-    init = [
-        tf.constant(0),
-        tf.TensorArray(tf.float32, size=chunks),
-        tf.zeros(tf.shape(pred), tf.float32),
-        tf.zeros(tf.shape(kernel), tf.float32),
-        tf.zeros(tf.shape(bias), tf.float32),
-    ]
-    _, d_enc, d_pred, d_kernel, d_bias = chunk_loop(chunks, backward_chunk, init)
-    d_enc = stitch(d_enc, frames)
+    totals = [tf.zeros_like(pred, tf.float32), tf.zeros_like(kernel, tf.float32),
+              tf.zeros_like(bias, tf.float32)]  # fmt: skip
+    d_enc, (d_pred, d_kernel, d_bias) = accumulate_chunks(chunks, frames, backward_chunk, totals)
     return (
         tf.cast(d_enc, padded.dtype),
         tf.cast(d_pred, pred.dtype),

@@ -37,11 +37,11 @@ import tensorflow as tf
 from asrkit.losses.cells import ACTIVATIONS, cells_gradient, cells_matmul, joint_cells, picked
 from asrkit.losses.chunks import (
     DEFAULT_CHUNK_BYTES,
-    chunk_loop,
+    accumulate_chunks,
     in_chunks,
     joint_chunk_frames,
+    map_chunks,
     static_or_dynamic,
-    stitch,
 )
 from asrkit.losses.lattice import LOG_ZERO, log_add, next_labels
 
@@ -325,18 +325,14 @@ def _chunk(enc_c, pred, kernel, bias, dkernel, dbias, i, activation):
 @functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _forward(enc_c, pred, kernel, bias, dkernel, dbias, next_label, blank, chunks, frames,
              activation):  # fmt: skip
-    def body(i, lse_acc, blank_acc, label_acc, dur_acc):
+    def forward_chunk(i):
         _, logits, duration_logits = _chunk(enc_c, pred, kernel, bias, dkernel, dbias, i,
                                             activation)  # fmt: skip
         index = tf.broadcast_to(next_label[:, None, :], tf.shape(logits)[:3])
         lse, picked_blank, picked_label = picked(logits, index, blank)
-        return (i + 1, lse_acc.write(i, lse), blank_acc.write(i, picked_blank),
-                label_acc.write(i, picked_label),
-                dur_acc.write(i, tf.nn.log_softmax(duration_logits, axis=-1)))  # fmt: skip
+        return lse, picked_blank, picked_label, tf.nn.log_softmax(duration_logits, axis=-1)
 
-    arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(4)]
-    _, *arrays = chunk_loop(chunks, body, [tf.constant(0), *arrays])
-    return tuple(stitch(a, frames) for a in arrays)
+    return map_chunks(chunks, frames, forward_chunk, 4)
 
 
 @functools.partial(tf.function, reduce_retracing=True, autograph=False)
@@ -345,7 +341,7 @@ def _backward(enc_c, pred, kernel, bias, dkernel, dbias, next_label, blank, chun
     labels = next_label[:, None, :]  # [B, 1, U+1]
     derivative = ACTIVATIONS[activation][1]
 
-    def body(i, d_enc, d_pred, d_kernel, d_bias, d_dkernel, d_dbias):
+    def backward_chunk(i):
         hidden, logits, duration_logits = _chunk(enc_c, pred, kernel, bias, dkernel, dbias, i,
                                                  activation)  # fmt: skip
         # The upstream gradients are minus the posteriors `cells_gradient` expects.
@@ -362,17 +358,13 @@ def _backward(enc_c, pred, kernel, bias, dkernel, dbias, next_label, blank, chun
         )
         flat_hidden = tf.reshape(hidden32, [-1, tf.shape(hidden32)[3]])
         flat_d_dur = tf.reshape(d_dur, [-1, tf.shape(d_dur)[3]])
-        d_dkernel += tf.matmul(flat_hidden, flat_d_dur, transpose_a=True)
-        d_dbias += tf.reduce_sum(flat_d_dur, axis=0)
-        d_enc = d_enc.write(i, tf.reduce_sum(d_pre, axis=2))
-        d_pred = tf.ensure_shape(d_pred + tf.reduce_sum(d_pre, axis=1), pred.shape)
-        return (i + 1, d_enc, d_pred, d_kernel + chunk_kernel, d_bias + chunk_bias, d_dkernel,
-                d_dbias)  # fmt: skip
+        # d_enc [B, C, H]; the others summed over chunks
+        return tf.reduce_sum(d_pre, axis=2), (
+            tf.reduce_sum(d_pre, axis=1), chunk_kernel, chunk_bias,
+            tf.matmul(flat_hidden, flat_d_dur, transpose_a=True),
+            tf.reduce_sum(flat_d_dur, axis=0),
+        )  # fmt: skip
 
-    init = [
-        tf.constant(0), tf.TensorArray(tf.float32, size=chunks), tf.zeros(tf.shape(pred)),
-        tf.zeros(tf.shape(kernel)), tf.zeros(tf.shape(bias)), tf.zeros(tf.shape(dkernel)),
-        tf.zeros(tf.shape(dbias)),
-    ]  # fmt: skip
-    _, d_enc, *rest = chunk_loop(chunks, body, init)
-    return (stitch(d_enc, frames), *rest)
+    totals = [tf.zeros_like(x, tf.float32) for x in (pred, kernel, bias, dkernel, dbias)]
+    d_enc, rest = accumulate_chunks(chunks, frames, backward_chunk, totals)
+    return (d_enc, *rest)

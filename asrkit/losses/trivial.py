@@ -40,11 +40,11 @@ import tensorflow as tf
 from asrkit.losses.cells import add_at_last
 from asrkit.losses.chunks import (
     DEFAULT_CHUNK_BYTES,
-    chunk_loop,
+    accumulate_chunks,
     in_chunks,
     joint_chunk_frames,
+    map_chunks,
     static_or_dynamic,
-    stitch,
 )
 
 TINY = tf.experimental.numpy.finfo(tf.float32.as_numpy_dtype).tiny
@@ -171,7 +171,7 @@ def _forward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, sm
              chunks, frames):  # fmt: skip
     lm_max_row = tf.transpose(lm_max, [0, 2, 1])  # [B, 1, U+1]
 
-    def body(i, norm_a, label_a, blank_a, am_norm_a, max_a):
+    def forward_chunk(i):
         _, am, am_max, am_exp = _chunk_am(enc_c, kernel, bias, i)
         norm = tf.math.log(tf.einsum("bcv,buv->bcu", am_exp, lm_exp) + TINY)
         norm += am_max + lm_max_row
@@ -180,13 +180,9 @@ def _forward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, sm
             am_norm = tf.math.log(tf.einsum("bcv,v->bc", am_exp, unigram)) + am_max[..., 0]
         else:
             am_norm = tf.zeros_like(am_max[..., 0])
-        return (i + 1, norm_a.write(i, norm), label_a.write(i, am_label),
-                blank_a.write(i, am[..., blank : blank + 1]),
-                am_norm_a.write(i, am_norm[..., None]), max_a.write(i, am_max))  # fmt: skip
+        return norm, am_label, am[..., blank : blank + 1], am_norm[..., None], am_max
 
-    arrays = [tf.TensorArray(tf.float32, size=chunks) for _ in range(5)]
-    _, *arrays = chunk_loop(chunks, body, [tf.constant(0), *arrays])
-    norm, am_label, am_blank, am_norm, am_max = (stitch(a, frames) for a in arrays)
+    norm, am_label, am_blank, am_norm, am_max = map_chunks(chunks, frames, forward_chunk, 5)
     return norm, am_label, am_blank[..., 0], am_norm[..., 0], am_max[..., 0]
 
 
@@ -202,7 +198,7 @@ def _backward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, s
     per_frame = tf.stack([g_blank, g_am_norm * tf.exp(am_max - am_norm)], axis=-1)
     per_frame_c = in_chunks(per_frame, chunk)[0]  # [B, N, C, 2]
 
-    def body(i, d_enc, d_kernel, d_bias, lm_sum, d_unigram):
+    def backward_chunk(i):
         enc, _, _, am_exp = _chunk_am(enc_c, kernel, bias, i)
         w = tf.gather(weight_c, i, axis=1)  # [B, C, U+1]
         g_lab = tf.gather(label_c, i, axis=1)
@@ -212,28 +208,23 @@ def _backward(enc_c, kernel, bias, lm_exp, lm_max, next_label, unigram, blank, s
         labels = tf.broadcast_to(next_label[:, None], tf.shape(g_lab))  # [B, C, U+1]
         ids = tf.concat([labels, tf.fill(tf.shape(g_blank_c[..., None]), blank)], axis=-1)
         d_am = add_at_last(d_am, ids, tf.concat([g_lab, g_blank_c[..., None]], axis=-1))
-        lm_sum += tf.einsum("bcu,bcv->buv", w, am_exp)  # times exp(lm) once, after the loop
+        lm_part = tf.einsum("bcu,bcv->buv", w, am_exp)  # times exp(lm) once, after the loop
+        d_unigram = tf.zeros_like(unigram, tf.float32)
         if smoothing:
             d_am += g_norm_am[..., None] * am_exp * unigram
-            d_unigram += tf.einsum("bc,bcv->v", g_norm_am, am_exp)
+            d_unigram = tf.einsum("bc,bcv->v", g_norm_am, am_exp)
         shape = tf.shape(d_am)
         flat_d = tf.reshape(d_am, [-1, shape[2]])
         flat_enc = tf.cast(tf.reshape(enc, [-1, tf.shape(enc)[2]]), tf.float32)
-        d_kernel = tf.ensure_shape(
-            d_kernel + tf.matmul(flat_enc, flat_d, transpose_a=True), d_kernel.shape
-        )
-        d_bias = tf.ensure_shape(d_bias + tf.reduce_sum(flat_d, axis=0), d_bias.shape)
-        d_enc_chunk = tf.matmul(flat_d, tf.cast(kernel, tf.float32), transpose_b=True)
-        d_enc = d_enc.write(i, tf.reshape(d_enc_chunk, [shape[0], shape[1], -1]))
-        return i + 1, d_enc, d_kernel, d_bias, lm_sum, d_unigram
+        d_kernel = tf.matmul(flat_enc, flat_d, transpose_a=True)
+        d_enc = tf.matmul(flat_d, tf.cast(kernel, tf.float32), transpose_b=True)
+        # d_enc [B, C, D]; d_kernel, d_bias, the lm sum and d_unigram summed over chunks
+        return tf.reshape(d_enc, [shape[0], shape[1], -1]), (
+            d_kernel, tf.reduce_sum(flat_d, axis=0), lm_part, d_unigram,
+        )  # fmt: skip
 
-    init = [
-        tf.constant(0),
-        tf.TensorArray(tf.float32, size=chunks),
-        tf.zeros(tf.shape(kernel), tf.float32),
-        tf.zeros(tf.shape(bias), tf.float32),
-        tf.zeros(tf.shape(lm_exp), tf.float32),
-        tf.zeros(tf.shape(unigram), tf.float32),
-    ]
-    _, d_enc, d_kernel, d_bias, lm_sum, d_unigram = chunk_loop(chunks, body, init)
-    return stitch(d_enc, frames), d_kernel, d_bias, lm_sum, d_unigram
+    totals = [tf.zeros_like(x, tf.float32) for x in (kernel, bias, lm_exp, unigram)]
+    d_enc, (d_kernel, d_bias, lm_sum, d_unigram) = accumulate_chunks(
+        chunks, frames, backward_chunk, totals
+    )
+    return d_enc, d_kernel, d_bias, lm_sum, d_unigram
