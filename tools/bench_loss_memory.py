@@ -32,7 +32,7 @@ def run(loss: str, batch: int, frames: int, labels: int, vocab: int, chunk_mb: f
     import numpy as np
     import tensorflow as tf
 
-    from asrkit.losses import fused_joint_rnnt_loss, fused_simple_loss, prune_ranges, pruned_loss
+    from asrkit.losses import fused_pruned_loss, fused_rnnt_loss, fused_simple_loss, prune_ranges
     from asrkit.training.memory_meter import allocator_peak
 
     rng = np.random.default_rng(0)
@@ -55,18 +55,23 @@ def run(loss: str, batch: int, frames: int, labels: int, vocab: int, chunk_mb: f
             tape.watch([encoded, predicted])
             enc_h, pred_h = enc_proj(encoded), pred_proj(predicted)  # the joint's projections
             if loss == "fused":
-                losses = fused_joint_rnnt_loss(
-                    enc_h, pred_h, out.kernel, out.bias, *lengths, chunk_bytes=chunk_bytes
+                losses = fused_rnnt_loss(
+                    enc_h,
+                    pred_h,
+                    *lengths,
+                    kernel=out.kernel,
+                    bias=out.bias,
+                    chunk_bytes=chunk_bytes,
                 )
             else:  # as the task computes it, with icefall's default smoothing
                 simple, occupancy = fused_simple_loss(
-                    encoded, am_proj.kernel, am_proj.bias, lm_proj(predicted), *lengths, 0,
-                    0.25, 0.0, chunk_bytes,
+                    encoded, lm_proj(predicted), *lengths, kernel=am_proj.kernel,
+                    bias=am_proj.bias, lm_only_scale=0.25, chunk_bytes=chunk_bytes,
                 )  # fmt: skip
-                s_begin = prune_ranges(occupancy, frame_counts, label_counts, 5)
-                losses = 0.5 * simple + pruned_loss(
-                    enc_h, pred_h, out, *lengths, s_begin, 5, 0, fused=True,
-                    chunk_bytes=chunk_bytes,
+                s_begin = prune_ranges(occupancy, frame_counts, label_counts, prune_range=5)
+                losses = 0.5 * simple + fused_pruned_loss(
+                    enc_h, pred_h, *lengths, s_begin=s_begin, prune_range=5, kernel=out.kernel,
+                    bias=out.bias, chunk_bytes=chunk_bytes,
                 )  # fmt: skip
             total = tf.reduce_sum(losses)
         weights = [v for layer in (enc_proj, pred_proj, out, am_proj, lm_proj)

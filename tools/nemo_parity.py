@@ -33,7 +33,7 @@ def main() -> None:
     from asrkit.experiment import load_experiment
     from asrkit.features import log_mel
     from asrkit.importers.nemo_model import import_nemo
-    from asrkit.losses import fused_joint_rnnt_loss
+    from asrkit.losses import fused_rnnt_loss
 
     meta = json.loads((DATA / "models.json").read_text())
     arrays = np.load(DATA / "models.npz")
@@ -72,9 +72,9 @@ def main() -> None:
         joint = float(np.abs(mine - arrays[f"{name}/joint"]).max())
         enc_h, pred_h = net.joint.project(encoded, tf.constant(predicted))
         out = net.joint.output_layer
-        losses = fused_joint_rnnt_loss(enc_h, pred_h, out.kernel, out.bias, labels,
-                                       encoded_lengths, target_lengths,
-                                       activation=net.joint.activation).numpy()  # fmt: skip
+        losses = fused_rnnt_loss(enc_h, pred_h, labels, encoded_lengths, target_lengths,
+                                 kernel=out.kernel, bias=out.bias,
+                                 activation=net.joint.activation).numpy()  # fmt: skip
         nemo_losses = arrays[f"{name}/rnnt_losses"]
         loss = float(np.max(np.abs(losses - nemo_losses) / np.abs(nemo_losses)))
         options = DecodeOptions(max_symbols_per_step=experiment.config.decode.max_symbols_per_step)

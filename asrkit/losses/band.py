@@ -5,7 +5,7 @@ logits.
 log-probs of the joint `tanh(enc[t] + pred[rows[t, s]]) @ kernel + bias` — what
 `pruned_loss` needs from the band's [B, T, S, V] log-softmax — while holding only one chunk
 of frames' hidden states and logits at a time, in the forward pass and again (recomputed)
-in the backward pass, as `fused_joint_rnnt_loss` does for the whole lattice. The band's
+in the backward pass, as `fused_rnnt_loss` does for the whole lattice. The band's
 predictor rows are gathered per chunk too (and their gradients summed back into the
 predictor's [B, U+1, H]), never as a whole [B, T, S, H].
 
@@ -39,9 +39,10 @@ def band_log_probs(
     encoder_hidden: tf.Tensor,
     predictor_hidden: tf.Tensor,
     rows: tf.Tensor,
+    band_labels: tf.Tensor,
+    *,
     kernel: tf.Tensor,
     bias: tf.Tensor,
-    band_labels: tf.Tensor,
     blank: int = 0,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     activation: str = "tanh",

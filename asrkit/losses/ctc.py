@@ -28,7 +28,7 @@ def ctc_frames_needed(labels, label_lengths):
     return label_lengths + tf.reduce_sum(tf.cast(repeats, label_lengths.dtype), axis=1)
 
 
-def ctc_losses(logits, labels, logit_lengths, label_lengths, blank: int = 0):
+def ctc_losses(logits, labels, logit_lengths, label_lengths, *, blank: int = 0):
     """Per-utterance CTC negative log-likelihoods [B] of `logits` [B, T, V] (unnormalised,
     any float dtype; computed in float32); 0 where the utterance cannot be aligned."""
     labels = tf.cast(labels, tf.int32)

@@ -1,6 +1,6 @@
 """The joint network's output layer and the RNN-T loss in one pass, chunk by chunk.
 
-`fused_joint_rnnt_loss` takes what the joint has *before* its widest tensor — the projected
+`fused_rnnt_loss` takes what the joint has *before* its widest tensor — the projected
 encoder frames [B, T, H] and predictor states [B, U+1, H] — plus the output layer's kernel
 [H, V] and bias [V], and returns the same per-utterance losses as
 
@@ -40,14 +40,15 @@ from asrkit.losses.chunks import (
 from asrkit.losses.lattice import Lattice, forward_backward, mask_emissions, next_labels, posteriors
 
 
-def fused_joint_rnnt_loss(
+def fused_rnnt_loss(
     encoder_hidden: tf.Tensor,
     predictor_hidden: tf.Tensor,
-    kernel: tf.Tensor,
-    bias: tf.Tensor | None,
     labels: tf.Tensor,
     logit_lengths: tf.Tensor,
     label_lengths: tf.Tensor,
+    *,
+    kernel: tf.Tensor,
+    bias: tf.Tensor | None,
     blank: int = 0,
     chunk_frames: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,

@@ -26,7 +26,7 @@ import functools
 import tensorflow as tf
 
 from asrkit.losses.band import band_log_probs
-from asrkit.losses.cells import ACTIVATIONS
+from asrkit.losses.cells import ACTIVATIONS, cells_matmul
 from asrkit.losses.chunks import DEFAULT_CHUNK_BYTES
 from asrkit.losses.lattice import (
     LOG_ZERO,
@@ -75,6 +75,7 @@ def simple_loss(
     labels,
     logit_lengths,
     label_lengths,
+    *,
     blank: int = 0,
     lm_only_scale: float = 0.0,
     am_only_scale: float = 0.0,
@@ -92,12 +93,13 @@ def simple_loss(
 
 def fused_simple_loss(
     encoded,
-    kernel,
-    bias,
     lm,
     labels,
     logit_lengths,
     label_lengths,
+    *,
+    kernel,
+    bias,
     blank: int = 0,
     lm_only_scale: float = 0.0,
     am_only_scale: float = 0.0,
@@ -107,7 +109,8 @@ def fused_simple_loss(
     (`asrkit.losses.trivial`): the same loss, occupancy and gradients (tested)."""
 
     def terms(lm, next_label, blank, unigram):
-        return trivial_terms(encoded, kernel, bias, lm, next_label, blank, unigram, chunk_bytes)
+        return trivial_terms(encoded, lm, next_label, kernel=kernel, bias=bias, blank=blank,
+                             unigram=unigram, chunk_bytes=chunk_bytes)  # fmt: skip
 
     return _simple_loss(
         terms, lm, labels, logit_lengths, label_lengths, blank, lm_only_scale, am_only_scale
@@ -151,7 +154,7 @@ def _simple_loss(terms, lm, labels, logit_lengths, label_lengths, blank, lm_only
     return lattice_loss(log_blank, log_label, logit_lengths, label_lengths)
 
 
-def prune_ranges(occupancy, logit_lengths, label_lengths, prune_range: int):
+def prune_ranges(occupancy, logit_lengths, label_lengths, *, prune_range: int):
     """s_begin [B, T] int32: the first lattice row of each frame's band of `prune_range`.
 
     The band maximises the occupancy it covers, then is adjusted so that it is monotone,
@@ -188,41 +191,77 @@ def _suffix_min(x):
 def pruned_loss(
     encoder_hidden,
     predictor_hidden,
-    output_layer,
     labels,
     logit_lengths,
     label_lengths,
+    *,
     s_begin,
     prune_range: int,
+    kernel,
+    bias,
     blank: int = 0,
-    fused: bool = False,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     activation: str = "tanh",
 ):
-    """The RNN-T loss [B] of the joint `output_layer(act(enc + pred))` evaluated only on
+    """The RNN-T loss [B] of the joint `act(enc + pred) @ kernel + bias` evaluated only on
     each frame's band of `prune_range` predictor rows starting at `s_begin` [B, T].
 
     encoder_hidden: [B, T, H] and predictor_hidden: [B, U+1, H] (the joint's projections);
-    output_layer: the joint's output Dense layer. `fused`: the band's log-probs chunk by
-    chunk (`band_log_probs`, about `chunk_bytes` of temporaries) instead of its whole
-    [B, T, S, V] log-softmax; the same loss and gradients (tested)."""
+    kernel [H, V], bias [V]: the joint's output layer. Holds the band's whole
+    [B, T, S, V] log-softmax; `fused_pruned_loss` does not."""
+
+    def band(rows, band_labels):
+        pred_band = tf.gather(predictor_hidden, rows, axis=1, batch_dims=1)  # [B, T, S, H]
+        hidden = ACTIVATIONS[activation][0](encoder_hidden[:, :, None, :] + pred_band)
+        dtype = hidden.dtype
+        logits = cells_matmul(hidden, tf.cast(kernel, dtype)) + tf.cast(bias, dtype)
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
+        picked = tf.gather(log_probs, band_labels[..., None], axis=3, batch_dims=3)[..., 0]
+        return log_probs[..., blank], picked
+
+    return _band_loss(band, predictor_hidden, labels, logit_lengths, label_lengths, s_begin,
+                      prune_range)  # fmt: skip
+
+
+def fused_pruned_loss(
+    encoder_hidden,
+    predictor_hidden,
+    labels,
+    logit_lengths,
+    label_lengths,
+    *,
+    s_begin,
+    prune_range: int,
+    kernel,
+    bias,
+    blank: int = 0,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    activation: str = "tanh",
+):
+    """`pruned_loss` with the band's log-probs chunk by chunk (`band_log_probs`, about
+    `chunk_bytes` of temporaries) instead of its whole [B, T, S, V] log-softmax; the same
+    loss and gradients (tested)."""
+
+    def band(rows, band_labels):
+        return band_log_probs(
+            encoder_hidden, predictor_hidden, rows, band_labels, kernel=kernel, bias=bias,
+            blank=blank, chunk_bytes=chunk_bytes, activation=activation,
+        )  # fmt: skip
+
+    return _band_loss(band, predictor_hidden, labels, logit_lengths, label_lengths, s_begin,
+                      prune_range)  # fmt: skip
+
+
+def _band_loss(band, predictor_hidden, labels, logit_lengths, label_lengths, s_begin,
+               prune_range):  # fmt: skip
+    """The lattice loss of the band's (log_blank, log_label) [B, T, S] from
+    `band(rows [B, T, S], band_labels [B, T, S])`, every cell outside the band impossible."""
     labels = tf.cast(labels, tf.int32)
     u1 = tf.shape(predictor_hidden)[1]
     span = tf.minimum(prune_range, u1)
     rows = tf.minimum(s_begin[:, :, None] + tf.range(span)[None, None, :], u1 - 1)  # [B,T,S]
     next_label = next_labels(labels, tf.cast(label_lengths, tf.int32), u1)  # [B, U+1]
     band_labels = tf.gather(next_label, rows, axis=1, batch_dims=1)  # [B, T, S]
-    if fused:
-        band_blank, band_label = band_log_probs(
-            encoder_hidden, predictor_hidden, rows, output_layer.kernel, output_layer.bias,
-            band_labels, blank, chunk_bytes, activation,
-        )  # fmt: skip
-    else:
-        pred_band = tf.gather(predictor_hidden, rows, axis=1, batch_dims=1)  # [B, T, S, H]
-        hidden = ACTIVATIONS[activation][0](encoder_hidden[:, :, None, :] + pred_band)
-        log_probs = tf.nn.log_softmax(tf.cast(output_layer(hidden), tf.float32), axis=-1)
-        band_blank = log_probs[..., blank]
-        band_label = tf.gather(log_probs, band_labels[..., None], axis=3, batch_dims=3)[..., 0]
+    band_blank, band_label = band(rows, band_labels)
     # Into the [B, T, U+1] lattice: row u of frame t holds band column u - s_begin[t].
     column = tf.range(u1)[None, None, :] - s_begin[:, :, None]  # [B, T, U+1]
     inside = (column >= 0) & (column < span)

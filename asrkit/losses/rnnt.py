@@ -42,6 +42,7 @@ def rnnt_loss(
     labels: tf.Tensor,
     logit_lengths: tf.Tensor,
     label_lengths: tf.Tensor,
+    *,
     blank: int = 0,
     fused_log_softmax: bool = True,
     delay_penalty: float = 0.0,
@@ -237,7 +238,7 @@ class RNNTLoss:
     """
 
     def __init__(
-        self, blank: int = 0, reduction: str = "mean_utterances", fused_log_softmax: bool = True
+        self, *, blank: int = 0, reduction: str = "mean_utterances", fused_log_softmax: bool = True
     ):
         if reduction not in REDUCTIONS:
             raise ValueError(f"RNNTLoss: reduction must be one of {REDUCTIONS}, got {reduction!r}")
@@ -247,7 +248,12 @@ class RNNTLoss:
 
     def __call__(self, logits, labels, logit_lengths, label_lengths) -> tf.Tensor:
         losses = rnnt_loss(
-            logits, labels, logit_lengths, label_lengths, self.blank, self.fused_log_softmax
+            logits,
+            labels,
+            logit_lengths,
+            label_lengths,
+            blank=self.blank,
+            fused_log_softmax=self.fused_log_softmax,
         )
         if self.reduction == "none":
             return losses

@@ -231,7 +231,7 @@ def _losses(log_prob):
 
 
 def tdt_loss(
-    token_logits, duration_logits, labels, logit_lengths, label_lengths,
+    token_logits, duration_logits, labels, logit_lengths, label_lengths, *,
     durations=DEFAULT_DURATIONS, blank: int = 0, sigma: float = 0.0,
 ):  # fmt: skip
     """Per-utterance TDT loss [B] from whole logits: token_logits [B, T, U+1, V],
@@ -251,15 +251,16 @@ def tdt_loss(
 
 
 def fused_tdt_loss(
-    encoder_hidden, predictor_hidden, kernel, bias, duration_kernel, duration_bias, labels,
-    logit_lengths, label_lengths, durations=DEFAULT_DURATIONS, blank: int = 0,
+    encoder_hidden, predictor_hidden, labels, logit_lengths, label_lengths, *, kernel, bias,
+    duration_kernel, duration_bias, durations=DEFAULT_DURATIONS, blank: int = 0,
     sigma: float = 0.0, chunk_bytes: int = DEFAULT_CHUNK_BYTES, activation: str = "tanh",
 ):  # fmt: skip
     """Per-utterance TDT loss [B] of the joint `act(e + p)` -> (kernel, bias) token logits
     and (duration_kernel, duration_bias) duration logits, chunk by chunk."""
     log_blank, log_label, log_durations = tdt_cell_log_probs(
-        encoder_hidden, predictor_hidden, kernel, bias, duration_kernel, duration_bias, labels,
-        label_lengths, blank, chunk_bytes, activation,
+        encoder_hidden, predictor_hidden, labels, label_lengths, kernel=kernel, bias=bias,
+        duration_kernel=duration_kernel, duration_bias=duration_bias, blank=blank,
+        chunk_bytes=chunk_bytes, activation=activation,
     )  # fmt: skip
     log_prob = tdt_log_prob(
         log_blank - sigma, log_label - sigma, log_durations, logit_lengths, label_lengths,
@@ -269,8 +270,8 @@ def fused_tdt_loss(
 
 
 def tdt_cell_log_probs(
-    encoder_hidden, predictor_hidden, kernel, bias, duration_kernel, duration_bias, labels,
-    label_lengths, blank: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    encoder_hidden, predictor_hidden, labels, label_lengths, *, kernel, bias, duration_kernel,
+    duration_bias, blank: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     activation: str = "tanh",
 ):  # fmt: skip
     """(log_blank, log_label [B, T, U+1], log_durations [B, T, U+1, D]) float32 of the

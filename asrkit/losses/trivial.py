@@ -82,10 +82,11 @@ def plain_terms(am, lm, next_label, blank: int, unigram=None) -> Terms:
 
 def trivial_terms(
     encoded,
-    kernel,
-    bias,
     lm,
     next_label,
+    *,
+    kernel,
+    bias,
     blank: int = 0,
     unigram=None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,

@@ -3,10 +3,13 @@ engine (keras-hub's Task around a Backbone).
 
 The task owns the loss (`LossConfig`, the config's `loss:` section) and the heads it needs
 (`LossHeads`); the network carries only its architecture. `compute_loss_terms` returns
-(Σ per-utterance losses, count) — each utterance's RNN-T loss (full, fused or pruned) plus
+(Σ per-utterance losses, count) — each utterance's transducer loss plus
 `loss.ctc_weight` × its CTC loss — with the count set by `loss.normalize_by`: tokens
-(Σ label_lengths) or utterances. `fit` on the task is the
-user's training API; `task.network` is what decoding, export and fine-tuning use.
+(Σ label_lengths) or utterances. `loss.kind` picks the transducer loss (`TRANSDUCER_LOSSES`):
+the full RNN-T loss, k2's pruned loss or the TDT loss, each fused with the joint's output
+layer chunk by chunk under `loss.fused`; the encoder is any `asrkit.models.encoder.Encoder`.
+`fit` on the task is the user's training API; `task.network` is what decoding, export and
+fine-tuning use.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import tensorflow as tf
 from asrkit.config import LossConfig
 from asrkit.losses import (
     ctc_losses,
-    fused_joint_rnnt_loss,
+    fused_pruned_loss,
+    fused_rnnt_loss,
     fused_simple_loss,
     fused_tdt_loss,
     loss_scales,
@@ -100,7 +104,7 @@ class TransducerTask(AccumulatingModel):
         losses = transducer_loss(self, encoded, predicted, labels, encoder_lengths, label_lengths)
         if self.heads.ctc is not None:
             ctc = ctc_losses(
-                self.heads.ctc(encoded), labels, encoder_lengths, label_lengths, BLANK_ID
+                self.heads.ctc(encoded), labels, encoder_lengths, label_lengths, blank=BLANK_ID
             )
             losses = losses + loss.ctc_weight * ctc
         if loss.normalize_by == "tokens":
@@ -130,9 +134,9 @@ def full_losses(task, encoded, predicted, labels, encoder_lengths, label_lengths
     if loss.fused:
         enc_h, pred_h = joint.project(encoded, predicted)
         out = joint.output_layer
-        return fused_joint_rnnt_loss(
-            enc_h, pred_h, out.kernel, out.bias, labels, encoder_lengths, label_lengths,
-            blank=BLANK_ID, chunk_bytes=int(loss.chunk_mb * 2**20),
+        return fused_rnnt_loss(
+            enc_h, pred_h, labels, encoder_lengths, label_lengths, kernel=out.kernel,
+            bias=out.bias, blank=BLANK_ID, chunk_bytes=int(loss.chunk_mb * 2**20),
             delay_penalty=loss.delay_penalty, activation=joint.activation,
         )  # fmt: skip
     return rnnt_loss(
@@ -148,23 +152,29 @@ def pruned_losses(task, encoded, predicted, labels, encoder_lengths, label_lengt
     chunk_bytes = int(config.pruned_chunk_mb * 2**20)
     if config.fused:  # the encoder's projection to V chunk by chunk
         simple, occupancy = fused_simple_loss(
-            encoded, joiner.am_proj.kernel, joiner.am_proj.bias, joiner.lm_proj(predicted),
-            labels, encoder_lengths, label_lengths, BLANK_ID, config.lm_only_scale,
-            config.am_only_scale, chunk_bytes,
+            encoded, joiner.lm_proj(predicted), labels, encoder_lengths, label_lengths,
+            kernel=joiner.am_proj.kernel, bias=joiner.am_proj.bias, blank=BLANK_ID,
+            lm_only_scale=config.lm_only_scale, am_only_scale=config.am_only_scale,
+            chunk_bytes=chunk_bytes,
         )  # fmt: skip
     else:
         am, lm = joiner(encoded, predicted)
         simple, occupancy = simple_loss(
-            am, lm, labels, encoder_lengths, label_lengths, BLANK_ID,
-            config.lm_only_scale, config.am_only_scale,
+            am, lm, labels, encoder_lengths, label_lengths, blank=BLANK_ID,
+            lm_only_scale=config.lm_only_scale, am_only_scale=config.am_only_scale,
         )  # fmt: skip
-    s_begin = prune_ranges(occupancy, encoder_lengths, label_lengths, config.prune_range)
+    s_begin = prune_ranges(
+        occupancy, encoder_lengths, label_lengths, prune_range=config.prune_range
+    )
     enc_h, pred_h = joint.project(encoded, predicted)
-    pruned = pruned_loss(
-        enc_h, pred_h, joint.output_layer, labels, encoder_lengths, label_lengths,
-        s_begin, config.prune_range, BLANK_ID, fused=config.fused, chunk_bytes=chunk_bytes,
-        activation=joint.activation,
-    )  # fmt: skip
+    out = joint.output_layer
+    band = dict(s_begin=s_begin, prune_range=config.prune_range, kernel=out.kernel,
+                bias=out.bias, blank=BLANK_ID, activation=joint.activation)  # fmt: skip
+    if config.fused:
+        band["chunk_bytes"] = chunk_bytes
+    pruned = (fused_pruned_loss if config.fused else pruned_loss)(
+        enc_h, pred_h, labels, encoder_lengths, label_lengths, **band
+    )
     updates = task.updates(default=config.warmup_updates)
     simple_weight, pruned_weight = loss_scales(updates, config.warmup_updates, config.simple_scale)
     return simple_weight * simple + pruned_weight * pruned
@@ -184,14 +194,15 @@ def tdt_losses(task, encoded, predicted, labels, encoder_lengths, label_lengths)
             enc_h, pred_h = joint.project(encoded, predicted)
             out, dur = joint.output_layer, joint.duration_layer
             return fused_tdt_loss(
-                enc_h, pred_h, out.kernel, out.bias, dur.kernel, dur.bias, labels,
-                encoder_lengths, label_lengths, durations, BLANK_ID, config.sigma,
-                int(config.chunk_mb * 2**20), joint.activation,
+                enc_h, pred_h, labels, encoder_lengths, label_lengths, kernel=out.kernel,
+                bias=out.bias, duration_kernel=dur.kernel, duration_bias=dur.bias,
+                durations=durations, blank=BLANK_ID, sigma=config.sigma,
+                chunk_bytes=int(config.chunk_mb * 2**20), activation=joint.activation,
             )  # fmt: skip
         token_logits, duration_logits = joint.tokens_and_durations(encoded, predicted)
         return tdt_loss(
-            token_logits, duration_logits, labels, encoder_lengths, label_lengths, durations,
-            BLANK_ID, config.sigma,
+            token_logits, duration_logits, labels, encoder_lengths, label_lengths,
+            durations=durations, blank=BLANK_ID, sigma=config.sigma,
         )  # fmt: skip
 
     if config.omega <= 0:

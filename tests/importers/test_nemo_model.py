@@ -23,7 +23,7 @@ from asrkit.experiment import load_experiment
 from asrkit.features import log_mel
 from asrkit.importers.nemo_model import UnsupportedNemoModel, import_nemo
 from asrkit.importers.nemo_weights import WeightMismatch
-from asrkit.losses import fused_joint_rnnt_loss
+from asrkit.losses import fused_rnnt_loss
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests/data/nemo"
@@ -95,8 +95,8 @@ def test_the_fused_relu_loss_of_the_imported_model_is_nemos_rnnt_loss(imported):
     labels, label_lengths = _asrkit_labels("rnnt")
     enc_h, pred_h = net.joint.project(encoded, net.predict_labels(tf.constant(labels)))
     out = net.joint.output_layer
-    losses = fused_joint_rnnt_loss(
-        enc_h, pred_h, out.kernel, out.bias, labels, encoded_lengths, label_lengths,
+    losses = fused_rnnt_loss(
+        enc_h, pred_h, labels, encoded_lengths, label_lengths, kernel=out.kernel, bias=out.bias,
         activation="relu",
     )  # fmt: skip
     np.testing.assert_allclose(losses.numpy(), ARRAYS["rnnt/rnnt_losses"], rtol=1e-4)

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.losses import fused_joint_rnnt_loss, rnnt_loss
+from asrkit.losses import fused_rnnt_loss, rnnt_loss
+
+
+def _fused(enc, pred, kernel, bias, labels, frame_lengths, label_lengths, **settings):
+    """The fused loss with the arguments in the order the cases hold them."""
+    return fused_rnnt_loss(enc, pred, labels, frame_lengths, label_lengths, kernel=kernel,
+                           bias=bias, **settings)  # fmt: skip
 
 
 def _case(seed, batch=3, frames=13, max_u=5, hidden=16, vocab=64):
@@ -49,7 +55,7 @@ def test_fused_equals_joint_then_loss(vocab, chunk):
     want_losses, want = _losses_and_grads(_plain, *case)
 
     def fused(*args):
-        return fused_joint_rnnt_loss(*args, chunk_frames=chunk)
+        return _fused(*args, chunk_frames=chunk)
 
     losses, got = _losses_and_grads(fused, *case)
     np.testing.assert_allclose(losses.numpy(), want_losses.numpy(), rtol=1e-5)
@@ -67,7 +73,7 @@ def test_fused_with_a_delay_penalty_equals_joint_then_loss():
         return rnnt_loss(logits, labels, frame_lengths, label_lengths, delay_penalty=0.1)
 
     def fused(*args):
-        return fused_joint_rnnt_loss(*args, chunk_frames=4, delay_penalty=0.1)
+        return _fused(*args, chunk_frames=4, delay_penalty=0.1)
 
     want_losses, want = _losses_and_grads(plain, *case)
     losses, got = _losses_and_grads(fused, *case)
@@ -82,7 +88,7 @@ def test_a_small_budget_means_many_chunks_and_the_same_result():
     want_losses, want = _losses_and_grads(_plain, *case)
 
     def tiny_budget(*args):
-        return fused_joint_rnnt_loss(*args, chunk_bytes=1)  # one frame per chunk
+        return _fused(*args, chunk_bytes=1)  # one frame per chunk
 
     losses, got = _losses_and_grads(tiny_budget, *case)
     np.testing.assert_allclose(losses.numpy(), want_losses.numpy(), rtol=1e-5)
@@ -94,7 +100,7 @@ def test_xla_compiled_equals_eager():
 
     @tf.function(jit_compile=True, autograph=False)
     def compiled(*args):
-        return _losses_and_grads(lambda *a: fused_joint_rnnt_loss(*a, chunk_frames=3), *args)
+        return _losses_and_grads(lambda *a: _fused(*a, chunk_frames=3), *args)
 
     losses, got = compiled(*case)
     want_losses, want = _losses_and_grads(_plain, *case)
@@ -105,7 +111,7 @@ def test_xla_compiled_equals_eager():
 def test_mixed_float16_hidden_states_keep_float32_logits():
     enc, pred, kernel, bias, *rest = _case(seed=6)
     half = [tf.cast(enc, tf.float16), tf.cast(pred, tf.float16)]
-    losses, grads = _losses_and_grads(fused_joint_rnnt_loss, *half, kernel, bias, *rest)
+    losses, grads = _losses_and_grads(_fused, *half, kernel, bias, *rest)
     want, _ = _losses_and_grads(_plain, *half, tf.cast(kernel, tf.float16),
                                 tf.cast(bias, tf.float16), *rest)  # fmt: skip
     assert losses.dtype == tf.float32
@@ -154,7 +160,7 @@ def test_xla_with_unknown_shapes_picks_its_chunk_at_compile_time():
     @tf.function(jit_compile=True, input_signature=spec, autograph=False)
     def compiled(enc, pred, labels, frame_lengths, label_lengths):
         return _losses_and_grads(
-            lambda *a: fused_joint_rnnt_loss(*a, chunk_bytes=4096), enc, pred, kernel, bias,
+            lambda *a: _fused(*a, chunk_bytes=4096), enc, pred, kernel, bias,
             labels, frame_lengths, label_lengths,
         )  # fmt: skip
 
@@ -175,11 +181,11 @@ def test_a_relu_joint_fused_equals_joint_then_loss():
         return rnnt_loss(logits, labels, frame_lengths, label_lengths)
 
     def fused(*args):
-        return fused_joint_rnnt_loss(*args, chunk_frames=4, activation="relu")
+        return _fused(*args, chunk_frames=4, activation="relu")
 
     want_losses, want = _losses_and_grads(plain, *case)
     losses, got = _losses_and_grads(fused, *case)
     np.testing.assert_allclose(losses.numpy(), want_losses.numpy(), rtol=1e-5)
     _assert_grads_close(got, want, rtol=1e-5)
-    tanh_losses, _ = _losses_and_grads(fused_joint_rnnt_loss, *case)
+    tanh_losses, _ = _losses_and_grads(_fused, *case)
     assert np.max(np.abs(tanh_losses.numpy() - losses.numpy())) > 0.1  # it is another joint

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from asrkit.losses import (
+    fused_pruned_loss,
     fused_simple_loss,
     loss_scales,
     prune_ranges,
@@ -18,6 +19,15 @@ from asrkit.losses import (
 B, T, U, H, V = 3, 12, 5, 8, 11
 FRAMES = np.array([12, 9, 4], np.int32)
 LABEL_LENGTHS = np.array([5, 3, 0], np.int32)
+
+
+def _pruned(enc, pred, output, labels, s_begin, span, fused=False, **settings):
+    """The pruned loss (or its fused twin) of the joint whose output layer is `output`."""
+    loss = fused_pruned_loss if fused else pruned_loss
+    if not fused:
+        settings.pop("chunk_bytes", None)  # the plain loss has no chunks
+    return loss(enc, pred, labels, FRAMES, LABEL_LENGTHS, s_begin=s_begin, prune_range=span,
+                kernel=output.kernel, bias=output.bias, **settings)  # fmt: skip
 
 
 def _labels(rng):
@@ -70,7 +80,9 @@ def test_smoothed_simple_loss_matches_a_numpy_reference(lm_only, am_only):
     am = rng.standard_normal((B, T, V)).astype(np.float32)
     lm = rng.standard_normal((B, U + 1, V)).astype(np.float32)
     labels = np.stack([rng.permutation(np.arange(1, V))[:U] for _ in range(B)]).astype(np.int32)
-    got, _ = simple_loss(am, lm, labels, FRAMES, LABEL_LENGTHS, 0, lm_only, am_only)
+    got, _ = simple_loss(
+        am, lm, labels, FRAMES, LABEL_LENGTHS, lm_only_scale=lm_only, am_only_scale=am_only
+    )
     # rnnt_loss on log-probs (no log-softmax) reads exactly the blank and label entries.
     log_probs = _smoothed_reference(am, lm, labels, lm_only, am_only)
     want = rnnt_loss(log_probs.astype(np.float32), labels, FRAMES, LABEL_LENGTHS,
@@ -103,13 +115,14 @@ def test_the_fused_simple_loss_gives_the_plain_loss_occupancy_and_gradients(
             tape.watch([encoded, lm])
             if fused:
                 losses, occupancy = fused_simple_loss(
-                    encoded, kernel, bias, lm, labels, FRAMES, LABEL_LENGTHS, 0, lm_only,
-                    am_only, chunk_bytes,
+                    encoded, lm, labels, FRAMES, LABEL_LENGTHS, kernel=kernel, bias=bias,
+                    lm_only_scale=lm_only, am_only_scale=am_only, chunk_bytes=chunk_bytes,
                 )  # fmt: skip
             else:
                 losses, occupancy = simple_loss(
-                    projection(encoded), lm, labels, FRAMES, LABEL_LENGTHS, 0, lm_only, am_only
-                )
+                    projection(encoded), lm, labels, FRAMES, LABEL_LENGTHS,
+                    lm_only_scale=lm_only, am_only_scale=am_only,
+                )  # fmt: skip
             total = tf.reduce_sum(losses * weights)
         gradients = tape.gradient(total, [encoded, lm, kernel, bias])
         results.append([losses, occupancy, *gradients])
@@ -138,7 +151,7 @@ def test_pruned_with_a_band_of_u_plus_1_is_the_full_loss():
     s_begin = tf.zeros([B, T], tf.int32)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch([enc, pred])
-        got = pruned_loss(enc, pred, output, labels, FRAMES, LABEL_LENGTHS, s_begin, U + 1)
+        got = _pruned(enc, pred, output, labels, s_begin, U + 1)
         want = _full(enc, pred, output, labels)
         got_total, want_total = tf.reduce_sum(got), tf.reduce_sum(want)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
@@ -159,13 +172,13 @@ def test_the_fused_band_gives_the_plain_bands_loss_and_gradients(chunk_bytes):
     _, occupancy = simple_loss(am, lm, labels, FRAMES, LABEL_LENGTHS)
     weights = tf.constant([1.0, -0.5, 2.0])
     for span in (3, U + 1):
-        s_begin = prune_ranges(occupancy, FRAMES, LABEL_LENGTHS, span)
+        s_begin = prune_ranges(occupancy, FRAMES, LABEL_LENGTHS, prune_range=span)
         results = []
         for fused in (False, True):
             with tf.GradientTape() as tape:
                 tape.watch([enc, pred])
-                losses = pruned_loss(enc, pred, output, labels, FRAMES, LABEL_LENGTHS, s_begin,
-                                     span, fused=fused, chunk_bytes=chunk_bytes)  # fmt: skip
+                losses = _pruned(enc, pred, output, labels, s_begin, span, fused=fused,
+                                 chunk_bytes=chunk_bytes)  # fmt: skip
                 total = tf.reduce_sum(losses * weights)
             variables = [enc, pred, *output.trainable_variables]
             results.append([losses, *tape.gradient(total, variables)])
@@ -182,8 +195,8 @@ def test_a_narrow_band_keeps_fewer_paths_so_the_loss_can_only_grow():
     _, occupancy = simple_loss(am, lm, labels, FRAMES, LABEL_LENGTHS)
     full = _full(enc, pred, output, labels).numpy()
     for span in (2, 3, 4):
-        s_begin = prune_ranges(occupancy, FRAMES, LABEL_LENGTHS, span)
-        pruned = pruned_loss(enc, pred, output, labels, FRAMES, LABEL_LENGTHS, s_begin, span)
+        s_begin = prune_ranges(occupancy, FRAMES, LABEL_LENGTHS, prune_range=span)
+        pruned = _pruned(enc, pred, output, labels, s_begin, span)
         assert np.all(np.isfinite(pruned.numpy()))  # the band always holds a whole path
         assert np.all(pruned.numpy() >= full - 1e-4)
 
@@ -192,7 +205,7 @@ def test_a_narrow_band_keeps_fewer_paths_so_the_loss_can_only_grow():
 def test_prune_ranges_are_monotone_gap_free_and_anchored(span):
     rng = np.random.default_rng(span)
     occupancy = tf.constant(rng.random((B, T, U + 1)), tf.float32)
-    s_begin = prune_ranges(occupancy, FRAMES, LABEL_LENGTHS, span).numpy()
+    s_begin = prune_ranges(occupancy, FRAMES, LABEL_LENGTHS, prune_range=span).numpy()
     for b in range(B):
         s = s_begin[b, : FRAMES[b]]
         width = min(span, U + 1)
@@ -207,7 +220,7 @@ def test_prune_ranges_follow_the_occupancy():
     path = [0, 0, 1, 1, 2, 2, 3, 4, 4, 5, 5, 5]  # row per frame, steps <= 1
     occupancy = np.zeros((B, T, U + 1), np.float32)
     occupancy[:, np.arange(T), path] = 1.0
-    s_begin = prune_ranges(occupancy, np.full(B, T), np.full(B, U), 3).numpy()
+    s_begin = prune_ranges(occupancy, np.full(B, T), np.full(B, U), prune_range=3).numpy()
     for t, row in enumerate(path):
         assert np.all((s_begin[:, t] <= row) & (row < s_begin[:, t] + 3))
 
@@ -225,14 +238,15 @@ def test_the_whole_pruned_recipe_compiles_with_xla_and_matches_eager():
     lm = tf.random.stateless_normal([B, U + 1, V], [7, 8])
 
     def losses(enc, pred, am, lm):
-        simple, occupancy = simple_loss(am, lm, labels, FRAMES, LABEL_LENGTHS, 0, 0.25, 0.1)
-        s_begin = prune_ranges(occupancy, FRAMES, LABEL_LENGTHS, 3)
-        pruned = pruned_loss(enc, pred, output, labels, FRAMES, LABEL_LENGTHS, s_begin, 3)
-        fused = pruned_loss(enc, pred, output, labels, FRAMES, LABEL_LENGTHS, s_begin, 3,
-                            fused=True, chunk_bytes=3000)  # fmt: skip
+        scales = dict(lm_only_scale=0.25, am_only_scale=0.1)
+        simple, occupancy = simple_loss(am, lm, labels, FRAMES, LABEL_LENGTHS, **scales)
+        s_begin = prune_ranges(occupancy, FRAMES, LABEL_LENGTHS, prune_range=3)
+        pruned = _pruned(enc, pred, output, labels, s_begin, 3)
+        fused = _pruned(enc, pred, output, labels, s_begin, 3, fused=True, chunk_bytes=3000)
         kernel, bias = output.kernel[:, :V], output.bias  # any projection to V will do
-        fused_simple, _ = fused_simple_loss(enc, kernel, bias, lm, labels, FRAMES,
-                                            LABEL_LENGTHS, 0, 0.25, 0.1, 3000)  # fmt: skip
+        fused_simple, _ = fused_simple_loss(enc, lm, labels, FRAMES, LABEL_LENGTHS,
+                                            kernel=kernel, bias=bias, chunk_bytes=3000,
+                                            **scales)  # fmt: skip
         return simple + fused_simple, pruned + 0.5 * fused
 
     def with_grads(*args):
@@ -255,9 +269,8 @@ def test_a_relu_joint_band_fused_or_not_gives_the_same_loss_and_gradients():
     for fused in (False, True):
         with tf.GradientTape() as tape:
             tape.watch([enc, pred])
-            losses = pruned_loss(enc, pred, output, labels, FRAMES, LABEL_LENGTHS, s_begin,
-                                 U + 1, fused=fused, chunk_bytes=3000,
-                                 activation="relu")  # fmt: skip
+            losses = _pruned(enc, pred, output, labels, s_begin, U + 1, fused=fused,
+                             chunk_bytes=3000, activation="relu")  # fmt: skip
             total = tf.reduce_sum(losses)
         results.append([losses, *tape.gradient(total, [enc, pred, *output.trainable_variables])])
     for got, want in zip(results[1], results[0], strict=True):

@@ -260,7 +260,7 @@ def test_the_gradient_inside_a_tf_cond_is_the_gradient_outside(fused):
         return tape.gradient(value, logits)
 
     def tdt():
-        return tdt_loss(logits, durations, labels, lengths, label_lengths, (0, 1, 2), 0)
+        return tdt_loss(logits, durations, labels, lengths, label_lengths, durations=(0, 1, 2))
 
     @tf.function(autograph=False)
     def inside(pick_rnnt):

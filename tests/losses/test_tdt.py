@@ -31,7 +31,7 @@ def test_losses_and_gradients_equal_nemos_reference(name):
     with tf.GradientTape() as tape:
         tape.watch([tokens, dur_logits])
         losses = tdt_loss(tokens, dur_logits, labels, NEMO[f"{name}/act_lens"],
-                          NEMO[f"{name}/label_lens"], durations,
+                          NEMO[f"{name}/label_lens"], durations=durations,
                           sigma=float(NEMO[f"{name}/sigma"]))  # fmt: skip
         total = tf.reduce_sum(losses)
     np.testing.assert_allclose(losses.numpy(), NEMO[f"{name}/losses"], rtol=1e-5)
@@ -76,7 +76,8 @@ def test_the_loss_is_minus_the_log_sum_over_every_alignment(frames, u, durations
     labels = rng.integers(1, v, (2, u + 1))
     lengths, label_lengths = np.array([frames, frames - 1]), np.array([u, max(u - 1, 0)])
     got = tdt_loss(tf.constant(tokens, tf.float32), tf.constant(dur_logits, tf.float32),
-                   labels, lengths, label_lengths, durations, sigma=sigma).numpy()  # fmt: skip
+                   labels, lengths, label_lengths, durations=durations,
+                   sigma=sigma).numpy()  # fmt: skip
     log_tokens = tokens - np.log(np.exp(tokens).sum(-1, keepdims=True))
     log_dur = dur_logits - np.log(np.exp(dur_logits).sum(-1, keepdims=True))
     for b in range(2):
@@ -92,12 +93,12 @@ def test_an_utterance_no_durations_can_align_has_an_infinite_loss():
     """Only even durations and an odd frame count: no path ends on frame T."""
     tokens = tf.random.stateless_normal([2, 5, 3, 4], [1, 2])
     dur_logits = tf.random.stateless_normal([2, 5, 3, 2], [3, 4])
-    losses = tdt_loss(tokens, dur_logits, [[1, 2], [1, 2]], [5, 4], [2, 2], [0, 2])
+    losses = tdt_loss(tokens, dur_logits, [[1, 2], [1, 2]], [5, 4], [2, 2], durations=[0, 2])
     assert np.isinf(losses.numpy()[0]) and losses.numpy()[0] > 0
     assert np.isfinite(losses.numpy()[1])  # 4 frames: 2 + 2
     with tf.GradientTape() as tape:
         tape.watch(tokens)
-        total = tdt_loss(tokens, dur_logits, [[1, 2], [1, 2]], [5, 4], [2, 2], [0, 2])[1]
+        total = tdt_loss(tokens, dur_logits, [[1, 2], [1, 2]], [5, 4], [2, 2], durations=[0, 2])[1]
     assert np.isfinite(tape.gradient(total, tokens).numpy()).all()
 
 
@@ -157,13 +158,15 @@ def test_the_fused_loss_equals_the_whole_logits_loss_and_its_gradients(activatio
         with tf.GradientTape() as tape:
             tape.watch([enc, pred])
             if fused:
-                losses = fused_tdt_loss(enc, pred, kernel, bias, dkernel, dbias, labels, lengths,
-                                        label_lengths, durations, sigma=sigma,
+                losses = fused_tdt_loss(enc, pred, labels, lengths, label_lengths, kernel=kernel,
+                                        bias=bias, duration_kernel=dkernel, duration_bias=dbias,
+                                        durations=durations, sigma=sigma,
                                         chunk_bytes=chunk_bytes, activation=activation)  # fmt: skip
             else:
                 hidden = act(enc[:, :, None, :] + pred[:, None, :, :])
                 losses = tdt_loss(hidden @ kernel + bias, hidden @ dkernel + dbias, labels,
-                                  lengths, label_lengths, durations, sigma=sigma)  # fmt: skip
+                                  lengths, label_lengths, durations=durations,
+                                  sigma=sigma)  # fmt: skip
             total = tf.reduce_sum(losses * weighting)
         results.append([losses, *tape.gradient(total, [enc, pred, kernel, bias, dkernel, dbias])])
     for got, want in zip(results[1], results[0], strict=True):
@@ -175,7 +178,9 @@ def test_xla_compiles_the_fused_loss_to_the_same_values():
     enc, pred, weights, labels, lengths, label_lengths = _joint_case(4)
 
     def run(enc, pred):
-        return fused_tdt_loss(enc, pred, *weights, labels, lengths, label_lengths,
+        kernel, bias, dkernel, dbias = weights
+        return fused_tdt_loss(enc, pred, labels, lengths, label_lengths, kernel=kernel,
+                              bias=bias, duration_kernel=dkernel, duration_bias=dbias,
                               chunk_bytes=4000)  # fmt: skip
 
     eager = run(enc, pred)

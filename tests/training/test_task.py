@@ -38,7 +38,7 @@ def test_auxiliary_ctc_adds_its_weighted_loss_to_each_utterance(fused):
     base, count = plain.compute_loss_terms(batch, training=False)
     total, same_count = with_ctc.compute_loss_terms(batch, training=False)
     encoded, lengths = with_ctc.network.encode(batch[0], batch[1])
-    ctc = ctc_losses(with_ctc.heads.ctc(encoded), batch[2], lengths, batch[3])
+    ctc = ctc_losses(with_ctc.heads.ctc(encoded), batch[2], lengths, batch[3], blank=0)
     assert int(count) == int(same_count) == 7
     assert float(tf.reduce_sum(ctc)) > 0
     assert float(total) == pytest.approx(float(base) + 0.4 * float(tf.reduce_sum(ctc)), rel=1e-5)
