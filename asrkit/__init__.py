@@ -9,8 +9,8 @@ Dependency direction — each layer imports only the layers below it (checked by
     decoding, importers      greedy / beam search, decoding test sets; reading .nemo files
     experiment               an experiment directory, loaded for inference
     checkpoints              checkpoint I/O
-    models, losses           the transducer network; the transducer losses
-    data                     manifests, corpora, shards, tf.data pipeline
+    models, losses, data     the transducer network; its losses; manifests, corpora,
+                             shards, the tf.data pipeline (peers: none imports another)
     features                 log-mel, frame arithmetic, CMVN statistics
     audio, tokenizer, metrics
     config, progress, outputs

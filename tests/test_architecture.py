@@ -15,8 +15,8 @@ RANKS = {
     "config": 1, "progress": 1,
     "audio": 2, "tokenizer": 2, "metrics": 2,
     "features": 3, "nemo_mel": 2,
-    "data": 4,
-    "models": 5, "losses": 5,
+    # peers: the network and its losses never read data, data never builds a network
+    "data": 5, "models": 5, "losses": 5,
     "checkpoints": 6,
     "experiment": 7, "curves": 7,
     "decoding": 8, "importers": 8,

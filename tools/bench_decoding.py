@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import spread
 
 
 def main() -> None:
@@ -62,12 +66,12 @@ def main() -> None:
                 )
                 rtfs[i].append(report.rtf)
                 wers[i] = report.rates.wer
-        first = statistics.median(rtfs[0])
+        first = spread(rtfs[0]).median
         cells = []
         for name, rtf, wer in zip(names, rtfs, wers, strict=True):
-            ratio = statistics.median(rtf) / first
-            cells.append(f"{name} WER {wer * 100:5.2f} % RTF {statistics.median(rtf):.4f} "
-                         f"({min(rtf):.4f}-{max(rtf):.4f}) x{ratio:.2f}")  # fmt: skip
+            figure = spread(rtf)
+            cells.append(f"{name} WER {wer * 100:5.2f} % RTF {figure.format()} "
+                         f"x{figure.median / first:.2f}")  # fmt: skip
         print(f"{method:>8}: " + " | ".join(cells), flush=True)
     if args.serve:
         for name, exp_dir in zip(names, args.exp_dir, strict=True):

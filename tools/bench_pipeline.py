@@ -6,20 +6,30 @@ shuffling and SpecAugment); padding efficiency (real frames / padded frames) of 
 batches vs padding each batch to its own max vs padding to the global max.
 
     python tools/bench_pipeline.py [--work /tmp/asrkit-bench] [--batch-seconds 60]
+        [--corpus LIBRISPEECH_LAYOUT --part dev-clean] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import time
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import spread, timed
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default="/tmp/asrkit-bench-pipeline")
     parser.add_argument("--batch-seconds", type=float, default=60.0)
+    parser.add_argument("--corpus", help="a LibriSpeech-layout corpus (default: synthesise the "
+                        "mini corpus in --work)")  # fmt: skip
+    parser.add_argument("--part", default="train-clean-100", help="the corpus part to read")
+    parser.add_argument("--utterances", type=int, default=200, help="featurised per pass")
+    parser.add_argument("--vocab", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes (median)")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -36,27 +46,25 @@ def main() -> None:
     from asrkit.tokenizer import train_tokenizer
 
     work = Path(args.work)
-    corpus, data = work / "corpus", work / "data"
-    if not (corpus / "SPEAKERS.TXT").exists():
+    corpus, data = Path(args.corpus) if args.corpus else work / "corpus", work / "data"
+    if not args.corpus and not (corpus / "SPEAKERS.TXT").exists():
         make_synthetic_corpus(corpus, "mini", seed=0)
-    manifest = data / "train-clean-100.jsonl"
+    manifest = data / f"{args.part}.jsonl"
     if not manifest.exists():
-        prepare_librispeech(corpus, ["train-clean-100"], data)
+        prepare_librispeech(corpus, [args.part], data, show_progress=False)
     utts = read_manifest(manifest)
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    waves = [read_audio(u.audio_path) for u in utts[:200]]
-    log_mel(waves[0])  # warm-up
-    start = time.perf_counter()
-    for w in waves:
-        log_mel(w)
+    waves = [read_audio(u.audio_path) for u in utts[: args.utterances]]
     seconds = sum(len(w) for w in waves) / 16000
-    rtf = (time.perf_counter() - start) / seconds
-    print(f"feature extraction: RTF {rtf:.4f} per core ({1 / rtf:.0f}x real time), 200 utterances")
+    wall = timed(lambda: [log_mel(w) for w in waves], repeats=args.repeats)
+    rtf = spread(t / seconds for t in wall)
+    print(f"feature extraction: RTF {rtf.format()} per core ({1 / rtf.median:.0f}x real time), "
+          f"{len(waves)} utterances")  # fmt: skip
 
     tok_dir, shard_dir = work / "tok", work / "shards"
     if not (tok_dir / "tokenizer.model").exists():
-        train_tokenizer([u.text for u in utts], tok_dir, 64, "unigram")
+        train_tokenizer([u.text for u in utts], tok_dir, args.vocab, "unigram")
     if not any(shard_dir.glob("*.tfrecord")):
         from asrkit.tokenizer import Tokenizer
 
@@ -71,16 +79,22 @@ def main() -> None:
     dataset = make_dataset(files, config, *plan, training=True, seed=0)
     for _ in dataset.take(2):
         pass
-    start = time.perf_counter()
-    n_utts = frames = padded = 0
-    for batch in make_dataset(files, config, *plan, training=True, seed=0, epoch=1):
-        n_utts += int(batch.feature_lengths.shape[0])
-        frames += int(tf.reduce_sum(batch.feature_lengths))
-        padded += int(batch.features.shape[0] * batch.features.shape[1])
-    elapsed = time.perf_counter() - start
+    counts = {}
+
+    def one_epoch():
+        n_utts = frames = padded = 0
+        for batch in make_dataset(files, config, *plan, training=True, seed=0, epoch=1):
+            n_utts += int(batch.feature_lengths.shape[0])
+            frames += int(tf.reduce_sum(batch.feature_lengths))
+            padded += int(batch.features.shape[0] * batch.features.shape[1])
+        counts.update(utterances=n_utts, frames=frames, padded=padded)
+
+    elapsed = timed(one_epoch, repeats=args.repeats, warmup=0).median
+    frames, padded = counts["frames"], counts["padded"]
     print(
-        f"pipeline: {n_utts / elapsed:.0f} utterances/s, {frames / 100 / elapsed:.0f} audio s/s "
-        f"({len(files)} shards, batch budget {args.batch_seconds:.0f} s, training mode)"
+        f"pipeline: {counts['utterances'] / elapsed:.0f} utterances/s, "
+        f"{frames / 100 / elapsed:.0f} audio s/s ({len(files)} shards, batch budget "
+        f"{args.batch_seconds:g} s, training mode, median of {args.repeats})"
     )
 
     # The same utterances in the same batch sizes, padded two other ways.

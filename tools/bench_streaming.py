@@ -15,11 +15,14 @@ Conformer a frame also waits for the rest of its chunk.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import timed
 
 
 def main(argv=None) -> int:
@@ -28,6 +31,7 @@ def main(argv=None) -> int:
     parser.add_argument("--manifest", required=True, help="JSONL manifest with references")
     parser.add_argument("--utterances", type=int, default=0, help="the first N (0: all)")
     parser.add_argument("--average", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1, help="timed passes (median RTF)")
     parser.add_argument("--chunk-frames", type=int,
                         help="dynamic-chunk model: run with this chunk size")  # fmt: skip
     args = parser.parse_args(argv)
@@ -75,13 +79,16 @@ def main(argv=None) -> int:
                 "LiteRT": lambda a, size=size: _litert(litert, initial_state_path(litert), a, size),
             }
             for name, run in runners.items():
+                tokens = []
+
+                def every_file(run=run, tokens=tokens):
+                    tokens[:] = [run(a) for a in audio]
+
                 run(audio[0])  # warm-up
-                start = time.perf_counter()
-                tokens = [run(a) for a in audio]
-                wall = time.perf_counter() - start
+                wall = timed(every_file, repeats=args.repeats, warmup=0)
                 texts = [tokenizer.decode(t) for t in tokens]
                 rows.append((f"streaming {piece * 1000:.0f} ms, {name}",
-                             error_rates(refs, texts).wer, wall / seconds,
+                             error_rates(refs, texts).wer, wall.median / seconds,
                              piece + 0.085 + chunk))  # fmt: skip
                 assert texts == whole or chunk, "a causal encoder streams the whole file's text"
     print(f"{'':36} {'WER':>8} {'RTF':>8} {'latency (s)':>12}")

@@ -32,16 +32,14 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from harness import child_request, reply, run_child  # noqa: E402
+from harness import child_request, reply, run_child, spread, timed  # noqa: E402
 
 LOSS_SHAPES = ((4, 100, 20, 65), (8, 150, 30, 65), (2, 200, 40, 129))  # B, T, U, V (blank incl.)
 TRAIN_BATCH = 16
@@ -64,13 +62,7 @@ def _waves(utterances):
 
 
 def _median_time(fn) -> float:
-    fn()  # warm-up: tracing, caches
-    times = []
-    for _ in range(ROUNDS):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return timed(fn, repeats=ROUNDS).median
 
 
 # ---- the asrkit side -------------------------------------------------------------------
@@ -337,10 +329,9 @@ def main() -> None:
             for side in ("asrkit", "nemo"):
                 values = [f[key] for f in figures[side] if key in f]
                 if values:
-                    medians[side] = statistics.median(values)
-                    cells.append(
-                        f"{side} {medians[side]:.4g} ({min(values):.4g}-{max(values):.4g})"
-                    )
+                    figure = spread(values)
+                    medians[side] = figure.median
+                    cells.append(f"{side} {figure.format('.4g')}")
                 else:
                     cells.append(f"{side} -")
             ratio = medians["asrkit"] / medians["nemo"] if len(medians) == 2 else None

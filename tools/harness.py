@@ -1,4 +1,5 @@
-"""What the benchmarks share: one child-process launcher with one environment.
+"""What the benchmarks share: one child-process launcher with one environment, and one way
+to repeat a measurement and report it (median and range).
 
 Every measurement that must not see the others' memory or compiled graphs runs in a fresh
 child process (`run_child`), with TensorFlow's BFC allocator switched on for the CPU so that
@@ -11,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
+import time
+from typing import NamedTuple
 
 # The one environment of every measuring child: TensorFlow quiet, the BFC allocator on the
 # CPU (exact peaks), oneDNN's own caching pool off, one malloc arena.
@@ -49,3 +53,33 @@ def reply(answer) -> None:
     """A child's answer to `run_child` (the last line it prints)."""
     sys.stdout.write(json.dumps(answer) + "\n")
     sys.stdout.flush()
+
+
+class Spread(NamedTuple):
+    """Repeated measurements of one figure: their median and range."""
+
+    median: float
+    low: float
+    high: float
+
+    def format(self, spec: str = ".4f") -> str:
+        """'median (low-high)'."""
+        return f"{self.median:{spec}} ({self.low:{spec}}-{self.high:{spec}})"
+
+
+def spread(values) -> Spread:
+    values = list(values)
+    return Spread(statistics.median(values), min(values), max(values))
+
+
+def timed(fn, repeats: int = 3, warmup: int = 1) -> Spread:
+    """Wall seconds of `fn()` over `repeats` calls after `warmup` untimed ones (tracing,
+    caches)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return spread(times)

@@ -1,4 +1,5 @@
-"""Decoding: batched greedy and modified beam search (graph mode), typed results."""
+"""Decoding: batched greedy and modified beam search for RNN-T and TDT models (graph
+mode), streaming, words and their times, long files; typed results."""
 
 from asrkit.decoding.search import (
     DecodeOptions,

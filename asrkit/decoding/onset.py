@@ -10,7 +10,7 @@ frame whose energy comes within `ONSET_BELOW_PEAK_DB` of the loudest frame and
 `ONSET_ABOVE_FLOOR_DB` above the quiet floor. `asrkit calibrate` stores it in the
 experiment; the clock subtracts it from every token and word time (`FrameClock.delay`).
 Words inside an utterance come out later than the first one (by ~40 ms on the mini
-recipe's models, `tools/word_timing.py`), so this removes most of the bias, not all of
+recipe's models, RESULTS.md), so this removes most of the bias, not all of
 it.
 """
 

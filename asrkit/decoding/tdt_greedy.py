@@ -23,7 +23,7 @@ from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step
 # frames a step looks ahead: a TDT blank already jumps by its duration (NeMo's models: up to
-# 4 frames), so a shorter window than RNN-T's pays (tools/bench_greedy_window.py)
+# 4 frames), so a shorter window than RNN-T's pays (RESULTS.md, the window sweep)
 WINDOW = 4
 
 

@@ -8,7 +8,7 @@ convolutions); a token emitted at frame t gets the centre of that span as its ti
 once it has heard it, so this is when the model *recognised* the token, typically a little
 after it began. An experiment calibrated by `asrkit calibrate` also holds its emission delay
 (`asrkit.decoding.onset`), which the clock subtracts: `max(0, offset - delay + t * period)`
-(measured against eSpeak's own word boundaries by `tools/word_timing.py`).
+(measured against eSpeak's own word boundaries (RESULTS.md, word timing)).
 
 Words. A word starts at a piece that begins with a word boundary ("▁", a space in
 `Tokenizer.surface_pieces`), unless the piece before it was a bare boundary (which then

@@ -1,5 +1,5 @@
-"""The training *task* around a transducer network: the RNN-T loss and the accumulation
-engine (keras-hub's Task around a Backbone).
+"""The training *task* around a transducer network: its loss (RNN-T, pruned RNN-T or TDT,
+with an auxiliary CTC loss) and the accumulation engine (keras-hub's Task around a Backbone).
 
 The task owns the loss (`LossConfig`, the config's `loss:` section) and the heads it needs
 (`LossHeads`); the network carries only its architecture. `compute_loss_terms` returns

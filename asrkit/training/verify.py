@@ -58,9 +58,8 @@ def _verify(
     precision = config.train.precision
     if tolerance is None:
         # bfloat16 keeps 8 mantissa bits: merely permuting the rows of one mini-model batch
-        # moves its gradient by 10 % (max) / 1.7 % (norm) — `tools/bench_precision_noise.py`
-        # — so the check can only catch gross errors (a doubled, dropped or mis-normalised
-        # window).
+        # moves its gradient by 10 % (max) / 1.7 % (norm) (RESULTS.md), so the check can
+        # only catch gross errors (a doubled, dropped or mis-normalised window).
         tolerance = {"float32": 1e-4, "mixed_float16": 2e-2}.get(precision, 0.25)
     tokenizer = Tokenizer.load(config.data.tokenizer)
     pipe = dataclasses.replace(pipeline_config(config), spec_augment=None)

@@ -1,6 +1,8 @@
-"""The benchmarks in tools/: every one starts and documents itself; the shared harness runs
-a child in the one measuring environment; the memory tools measure on tiny shapes (slow)."""
+"""The tools/: every one starts and documents itself; the shared harness runs a child in
+the one measuring environment and reports repeated figures one way; every living benchmark
+runs on tiny shapes and prints sane figures (slow)."""
 
+import re
 import runpy
 import subprocess
 import sys
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
+REAL = Path(__file__).resolve().parents[1] / "data" / "realspeech"
 SCRIPTS = sorted(p for p in TOOLS.glob("*.py") if p.name != "harness.py")
 
 
@@ -50,15 +53,102 @@ def _run(*args: str) -> str:
     return run.stdout
 
 
+def _figures(pattern: str, out: str) -> list[float]:
+    """Every number the regex's first group catches in `out` (at least one)."""
+    found = [float(x) for x in re.findall(pattern, out)]
+    assert found, f"no {pattern!r} in:\n{out}"
+    return found
+
+
+def test_the_harness_reports_median_and_range():
+    sys.path.insert(0, str(TOOLS))
+    try:
+        from harness import spread, timed
+    finally:
+        sys.path.remove(str(TOOLS))
+    assert spread([3.0, 1.0, 2.0, 10.0]) == (2.5, 1.0, 10.0)
+    assert spread([0.5]).format(".2f") == "0.50 (0.50-0.50)"
+    calls = []
+    figure = timed(lambda: calls.append(1), repeats=4, warmup=2)
+    assert len(calls) == 6 and 0 <= figure.low <= figure.median <= figure.high < 1
+
+
+# The living benchmarks, each on tiny shapes: figures present and sane.
+
+
 @pytest.mark.slow
-def test_the_memory_tools_measure_tiny_shapes():
+def test_bench_rnnt_loss_prints_time_and_memory_per_implementation():
     out = _run(str(TOOLS / "bench_rnnt_loss.py"), "--shapes", "2,12,4,16", "--reps", "1")
-    assert "asrkit" in out and "failed" not in out
-    out = _run(str(TOOLS / "bench_loss_memory.py"), "--batches", "1", "--seconds", "1",
-               "--labels", "4", "--vocab", "32", "--repeats", "1")  # fmt: skip
-    assert "MiB" in out
+    rows = re.findall(
+        r"2,12,4,16 +(asrkit|autodiff) +(True|False) +([\d.]+) +([\d.]+) +([\d.]+)", out
+    )
+    assert len(rows) == 4 and "failed" not in out, out
+    assert all(float(s) < 60 and float(times) > 0 for *_, s, _, times in rows)
+
+
+@pytest.mark.slow
+def test_bench_joint_prints_memory_per_mode():
     out = _run(str(TOOLS / "bench_joint.py"), "--batch", "1", "--seconds", "1", "--labels", "4",
                "--vocab", "16", "--modes", "fused,pruned", "--steps", "1",
                "--set", "model.encoder.num_blocks=1")  # fmt: skip
-    assert "MiB" in out
-    assert "asrkit:" in _run(str(TOOLS / "bench_accumulation.py"), "--tables", "3")
+    assert "fused" in out and "pruned" in out
+    assert all(0 < x < 4096 for x in _figures(r"([\d.]+) MiB", out))
+
+
+@pytest.mark.slow
+def test_bench_accumulation_shows_asrkit_exact_and_keras_not():
+    out = _run(str(TOOLS / "bench_accumulation.py"), "--tables", "3")
+    asrkit = _figures(r"asrkit:\s*([\d.e+-]+)", out)[0]
+    keras = _figures(r"gradient_accumulation_steps:\s*([\d.e+-]+)", out)[0]
+    assert asrkit < 1e-6 < 1e-3 < keras, out  # exact against Keras' per-micro-batch means
+
+
+@pytest.mark.slow
+def test_bench_model_prints_parameters_and_step_time():
+    out = _run(str(TOOLS / "bench_model.py"), "--models", "mini_lstm,mini_conformer",
+               "--batch", "1", "--seconds", "1", "--labels", "4", "--repeats", "2")  # fmt: skip
+    params = _figures(r"([\d.]+) M parameters", out)
+    assert len(params) == 2 and all(0.1 < p < 10 for p in params)  # the mini models: ~1 M
+    assert all(0 < t < 60 for t in _figures(r"parameters, ([\d.]+) \(", out))
+
+
+@pytest.mark.slow
+def test_bench_pipeline_prints_rates_and_padding(tmp_path):
+    out = _run(str(TOOLS / "bench_pipeline.py"), "--corpus", str(REAL), "--part", "test-real",
+               "--work", str(tmp_path), "--vocab", "30", "--batch-seconds", "20",
+               "--repeats", "1")  # fmt: skip
+    assert 0 < _figures(r"RTF ([\d.]+)", out)[0] < 1
+    assert _figures(r"pipeline: (\d+) utterances/s", out)[0] > 0
+    efficiencies = _figures(r"(?:bucketed|max) ([\d.]+)", out)
+    assert len(efficiencies) == 3 and all(0 < e <= 1 for e in efficiencies)
+
+
+@pytest.fixture(scope="module")
+def tiny_experiment(tmp_path_factory):
+    from tests.test_export import make_experiment
+    from tests.tiny import tiny_model_config
+
+    work, exp, _ = make_experiment(tmp_path_factory.mktemp("bench"), tiny_model_config())
+    return exp, work / "data" / "test-real.jsonl"
+
+
+@pytest.mark.slow
+def test_bench_decoding_prints_wer_and_rtf_per_method(tiny_experiment):
+    exp, manifest = tiny_experiment
+    out = _run(str(TOOLS / "bench_decoding.py"), "--exp-dir", str(exp), "--manifest",
+               str(manifest), "--beams", "2", "--repeats", "2")  # fmt: skip
+    assert "greedy:" in out and "beam 2:" in out
+    assert all(0 <= w <= 100 for w in _figures(r"WER +([\d.]+) %", out))
+    assert all(0 < r < 10 for r in _figures(r"RTF ([\d.]+) \(", out))
+    assert _figures(r"x([\d.]+)", out) == [1.0, 1.0]  # one experiment: its own ratio
+
+
+@pytest.mark.slow
+def test_bench_streaming_prints_every_runner(tiny_experiment):
+    exp, manifest = tiny_experiment
+    out = _run(str(TOOLS / "bench_streaming.py"), "--exp-dir", str(exp), "--manifest",
+               str(manifest), "--utterances", "2", "--average", "1")  # fmt: skip
+    for runner in ("greedy, whole file", "network", "SavedModel", "LiteRT"):
+        assert runner in out
+    rows = re.findall(r"streaming \d+ ms, \S+ +([\d.]+)% +([\d.]+) +([\d.]+)", out)
+    assert len(rows) == 6 and all(0 < float(rtf) < 10 for _, rtf, _ in rows)
