@@ -563,13 +563,22 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such config file") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+        raise ConfigError(f"{path}: {yaml_problem(err)}") from None
     if not isinstance(data, dict) or "base" not in data:
         return data
     base = data.pop("base")
     if not isinstance(base, str):
         raise ConfigError(f"{path}: base must be a config file's path, got {base!r}")
     return _merged(_read_yaml(path.parent / base, (*seen, path.resolve())), data)
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML syntax error in one line: where (line and column, 1-based) and what."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    return f"not valid YAML: {where}{problem}" + (f" ({context})" if context else "")
 
 
 def _merged(base: dict, top: dict) -> dict:

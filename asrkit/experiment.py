@@ -132,7 +132,9 @@ def _check_schema(path: Path) -> None:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ExperimentError(f"{path}: not valid YAML ({err})") from None
+        from asrkit.config import yaml_problem
+
+        raise ExperimentError(f"{path}: {yaml_problem(err)}") from None
     if not isinstance(data, dict) or "schema" not in data:
         raise ExperimentError(
             f"{path}: recorded by an older asrkit (no schema version); decode it with that "

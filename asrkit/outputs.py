@@ -2,12 +2,13 @@
 
 `writable_directory` is called by a command before it loads a model or reads data: it
 creates the directory if needed (and takes it back if the check fails) and writes (and
-removes) a probe file there, so a
-read-only mount, a path under a file or a full disk fails in the first second, naming the
-option and the path. `write_files` writes a command's results each whole (`.tmp`, then
-renamed); if the target fails after all (the disk filled up meanwhile), the results are
-written to a fresh directory under the system's temporary directory and the error says
-where they are.
+removes) a probe file there, so a read-only mount, a path under a file or a full disk fails
+in the first second, naming the option and the path. A command run inside
+`taking_back_on_failure` (every `asrkit` command is) removes on failure each directory it
+created that is still empty, so a failed command leaves no empty directory behind.
+`write_files` writes a command's results each whole (`.tmp`, then renamed); if the target
+fails after all (the disk filled up meanwhile), the results are written to a fresh
+directory under the system's temporary directory and the error says where they are.
 """
 
 from __future__ import annotations
@@ -36,6 +37,25 @@ _PLAIN = {
 }
 
 
+# The directories `writable_directory` created during the current command (outermost last).
+_created: list[Path] | None = None
+
+
+@contextlib.contextmanager
+def taking_back_on_failure():
+    """Runs a command; if it raises, the directories it created that are still empty are
+    removed (innermost first), then the exception goes on."""
+    global _created
+    outer, _created = _created, []
+    try:
+        yield
+    except BaseException:
+        _remove_empty(_created)
+        raise
+    finally:
+        _created = outer
+
+
 class OutputError(UserError, OSError):
     """An output that cannot be written; the message names the path and what to do."""
 
@@ -60,6 +80,8 @@ def writable_directory(
             f"directory: {existing}); choose a directory you can write to"
         )
     created = [p for p in (path, *path.parents) if not p.exists()]
+    if _created is not None:
+        _created.extend(created)
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".asrkit-probe-"):
@@ -96,6 +118,33 @@ def writable_parent(path: str | os.PathLike, option: str) -> Path:
         raise OutputError(f"{option} {path}: exists and is not a directory")
     writable_directory(path.parent, option, shown=path)
     return path
+
+
+@contextlib.contextmanager
+def replacing_directory(path: str | os.PathLike, option: str, force: bool):
+    """Yields a new directory beside `path` to write a whole result (an export) into; on
+    success it takes `path`'s place (what `path` held is removed only then), on failure it
+    is removed. A `path` that exists and is not empty needs `force`."""
+    path = Path(path)
+    if path.exists() and any(path.iterdir()) and not force:
+        raise OutputError(
+            f"{option} {path}: exists and is not empty (an earlier export?); add --force to "
+            "replace it, or choose another directory"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{path.name}.writing-", dir=path.parent))
+    try:
+        yield fresh
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.replaced-{os.getpid()}")
+        os.replace(path, old)
+    os.replace(fresh, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_files(directory: str | os.PathLike, files: dict[str, str]) -> Path:

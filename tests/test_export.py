@@ -528,3 +528,32 @@ def run_litert(model_path, paths):
         times += out["token_times"].tolist()[1:]
         results.append({"tokens": tokens, "times": times})
     return results
+
+
+def test_an_export_over_an_existing_one_needs_force_and_replaces_it_whole(
+    experiment, tmp_path, capsys
+):
+    """`asrkit export --out` onto an earlier export: refused in one line (the old export
+    untouched) unless --force, which writes the new one beside it and swaps it in, leaving
+    no temporary directory; `--nbest` beyond an export's beam is refused before loading."""
+    from asrkit.cli.main import main
+
+    _, exp, utts = experiment
+    out = tmp_path / "saved"
+    assert main(["export", "--exp-dir", str(exp), "--out", str(out)]) == 0
+    before = (out / "asrkit_export.json").read_text()
+    assert "greedy search" in before
+    capsys.readouterr()
+    again = ["export", "--exp-dir", str(exp), "--out", str(out), "--method", "beam"]
+    assert main(again) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "exists and is not empty" in err[0] and "--force" in err[0]
+    assert (out / "asrkit_export.json").read_text() == before
+    assert main([*again, "--beam", "3", "--force"]) == 0
+    assert "beam search, beam 3" in (out / "asrkit_export.json").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["saved"]
+    capsys.readouterr()
+    nbest = ["transcribe", "--model", str(out), "--nbest", "5", "--format", "json",
+             utts[0].audio_path]  # fmt: skip
+    assert main(nbest) == 2
+    assert "exported with beam search, which finds at most 3" in capsys.readouterr().err

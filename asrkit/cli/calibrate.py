@@ -6,7 +6,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from asrkit.cli.options import add_search_arguments, add_weights_arguments, search_options
+from asrkit.cli.options import (
+    add_search_arguments,
+    add_weights_arguments,
+    check_search_arguments,
+    search_options,
+)
 from asrkit.errors import InputError
 
 
@@ -41,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise InputError(f"--limit must be >= 1, got {args.limit}")
     utterances = read_usable_manifest(args.manifest)[: args.limit]
+    check_search_arguments(args)
     load_experiment_config(args.exp_dir)  # an experiment (before TensorFlow is imported)
     writable_directory(args.exp_dir, "--exp-dir")  # timing.json goes there
     from asrkit.decoding.onset import measure_emission_delay

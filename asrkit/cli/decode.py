@@ -9,6 +9,7 @@ from asrkit.cli.options import (
     add_chunk_argument,
     add_search_arguments,
     add_weights_arguments,
+    check_search_arguments,
     search_options,
 )
 
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.experiment import load_experiment_config
     from asrkit.outputs import writable_directory, write_files
 
+    check_search_arguments(args)
     out = writable_directory(args.out, "--out") if args.out else None
     load_experiment_config(args.exp_dir)  # before TensorFlow: is it an experiment at all?
     if args.manifest:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from asrkit.cli.options import (
     add_chunk_argument,
     add_search_arguments,
     add_weights_arguments,
+    check_search_arguments,
     search_options,
 )
 
@@ -16,6 +18,8 @@ def register(subparsers) -> None:
     export = subparsers.add_parser("export", help="export a waveform -> text SavedModel")
     export.add_argument("--exp-dir", required=True)
     export.add_argument("--out", required=True, help="SavedModel directory")
+    export.add_argument("--force", action="store_true",
+                        help="replace what --out holds (an earlier export)")  # fmt: skip
     add_weights_arguments(export)
     add_chunk_argument(export)
     add_search_arguments(export, help="the search built into the graph")
@@ -34,32 +38,34 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from asrkit.errors import InputError
     from asrkit.experiment import load_experiment_config
-    from asrkit.outputs import writable_parent
+    from asrkit.outputs import replacing_directory, writable_parent
 
+    check_search_arguments(args)
     writable_parent(args.out, "--out")
     if args.litert and not args.streaming:
         raise InputError("--litert converts the streaming step: add --streaming")
     if args.streaming and args.method != "greedy":
         raise InputError("--streaming exports greedy search: drop --method beam")
-    load_experiment_config(args.exp_dir)  # is it an experiment at all (before TensorFlow)?
-    from asrkit.decoding.search import describe
-    from asrkit.export import convert_to_litert, export_model, export_streaming
+    symbols = load_experiment_config(args.exp_dir).decode.max_symbols_per_step  # TF not yet
+    with replacing_directory(args.out, "--out", args.force) as out:
+        from asrkit.decoding.search import describe
+        from asrkit.export import convert_to_litert, export_model, export_streaming
 
+        if args.streaming:
+            export_streaming(args.exp_dir, out, args.checkpoint, args.average, args.chunk_frames)
+            if args.litert:
+                convert_to_litert(out, out / "stream_tokens.tflite")
+        else:
+            options = search_options(args, symbols)
+            export_model(
+                args.exp_dir, out, args.checkpoint, args.average, options, args.chunk_frames
+            )
     if args.streaming:
-        out = export_streaming(
-            args.exp_dir, args.out, args.checkpoint, args.average, args.chunk_frames
-        )
-        print(f"streaming SavedModel -> {out} (initial_state(), stream_step(samples, state_*) "
-              "-> tokens, token_times, text so far, state_*)")  # fmt: skip
+        print(f"streaming SavedModel -> {args.out} (initial_state(), stream_step(samples, "
+              "state_*) -> tokens, token_times, text so far, state_*)")  # fmt: skip
         if args.litert:
-            print(f"LiteRT -> {convert_to_litert(out, out / 'stream_tokens.tflite')}")
-        return 0
-
-    symbols = load_experiment_config(args.exp_dir).decode.max_symbols_per_step
-    options = search_options(args, symbols)
-    out = export_model(
-        args.exp_dir, args.out, args.checkpoint, args.average, options, args.chunk_frames
-    )
-    print(f"SavedModel -> {out} (serving_default: one waveform, serve_batch: [N, S] + lengths "
-          f"-> text, timed words, n-best; {describe(options)})")  # fmt: skip
+            print(f"LiteRT -> {Path(args.out) / 'stream_tokens.tflite'}")
+    else:
+        print(f"SavedModel -> {args.out} (serving_default: one waveform, serve_batch: [N, S] + "
+              f"lengths -> text, timed words, n-best; {describe(options)})")  # fmt: skip
     return 0

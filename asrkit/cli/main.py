@@ -80,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         warnings.formatwarning = lambda message, *_a, **_k: (
             f"asrkit {command}: warning: {message}\n"
         )
+    from asrkit.outputs import taking_back_on_failure
+
     try:
-        code = int(args.func(args) or 0)
+        with taking_back_on_failure():
+            code = int(args.func(args) or 0)
         _audio_notice(command)
         return code
     except KeyboardInterrupt:

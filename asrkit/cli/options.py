@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_weights_arguments(parser) -> None:
@@ -18,13 +19,55 @@ def add_search_arguments(parser, help: str | None = None) -> None:
     parser.add_argument("--beam", type=int, default=4, help="beam size (--method beam)")
 
 
-def search_options(args: argparse.Namespace, max_symbols_per_step: int):
-    from asrkit.decoding.search import DecodeOptions
+def check_search_arguments(args: argparse.Namespace) -> None:
+    """The search options' own mistakes, before any model loads: a beam below 1, and an
+    n-best list from greedy search (which finds one hypothesis)."""
     from asrkit.errors import InputError
 
     if args.beam < 1:
         raise InputError(f"--beam must be >= 1, got {args.beam}")
+    nbest = getattr(args, "nbest", 0)
+    if nbest > 1 and args.method == "greedy" and not getattr(args, "model", None):
+        raise InputError(
+            f"--nbest {nbest}: greedy search finds one hypothesis; add --method beam "
+            f"--beam {max(nbest, args.beam)} for an n-best list"
+        )
+
+
+def search_options(args: argparse.Namespace, max_symbols_per_step: int):
+    from asrkit.decoding.search import DecodeOptions
+
+    check_search_arguments(args)
     return DecodeOptions(args.method, args.beam, max_symbols_per_step)
+
+
+def experiment_or_config(config: str | None, exp_dir: str, overrides: list[str]):
+    """The config a command that trains or plans into `exp_dir` works with: `config` if
+    given; else, for an existing experiment, the config it recorded (its tokenizer, CMVN
+    and plan inside it; a path given in `overrides` is this directory's). A new
+    experiment needs `config`."""
+    from asrkit.config import load_config
+    from asrkit.errors import InputError
+    from asrkit.experiment import CONFIG_FILE, load_experiment_config
+
+    recorded = Path(exp_dir) / CONFIG_FILE
+    if config is not None and Path(config).resolve() == recorded.resolve():
+        config = None  # the experiment's own record: its paths are relative to it
+    if config is None:
+        if not recorded.is_file():
+            raise InputError(
+                f"--exp-dir {exp_dir}: not an experiment yet (no {CONFIG_FILE}); give the "
+                "model and data to use with --config CONF"
+            )
+        return load_experiment_config(exp_dir, [_absolute_asset(o) for o in overrides])
+    return load_config(config, overrides)
+
+
+def _absolute_asset(override: str) -> str:
+    key, sep, value = override.partition("=")
+    if sep and value and key.strip() in ("data.tokenizer", "data.cmvn", "data.plan"):
+        return f"{key}={Path(value).resolve()}"
+    return override
 
 
 def add_chunk_argument(parser) -> None:

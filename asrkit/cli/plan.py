@@ -30,7 +30,10 @@ def register(subparsers) -> None:
     plan = subparsers.add_parser(
         "plan", help="measure the largest micro-batch per length bucket for a memory budget"
     )
-    plan.add_argument("--config", help="YAML config (as for asrkit train)")
+    plan.add_argument(
+        "--config", help="YAML config (as for asrkit train); default for an existing "
+        "experiment (an imported model too): the config it recorded",
+    )  # fmt: skip
     plan.add_argument("--exp-dir", required=True, help="the plan is written to <exp-dir>/plan.json")
     plan.add_argument("--memory", type=_memory, metavar="SIZE",
                       help="device memory budget, e.g. 12GiB (default: the device's)")  # fmt: skip
@@ -48,10 +51,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrkit.config import load_config
+    from asrkit.cli.options import experiment_or_config
     from asrkit.outputs import writable_directory
 
-    config = load_config(args.config, args.overrides)
+    config = experiment_or_config(args.config, args.exp_dir, args.overrides)
     writable_directory(args.exp_dir, "--exp-dir")
     from asrkit.data.batch_plan import save_plan
     from asrkit.experiment import PLAN_FILE

@@ -23,17 +23,16 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrkit.config import load_config
-    from asrkit.experiment import CONFIG_FILE, load_experiment_config
+    from asrkit.cli.options import experiment_or_config
     from asrkit.outputs import writable_directory
 
     overrides = [*args.overrides, *([f"data.plan={args.plan}"] if args.plan else [])]
-    if args.config is None and (Path(args.exp_dir) / CONFIG_FILE).is_file():
-        # The recorded asset paths are the experiment's; a path given here is this directory's.
-        overrides = [_absolute_asset(o) for o in overrides]
-        config = load_experiment_config(args.exp_dir, overrides)
+    if args.config is None and not (Path(args.exp_dir) / "config.yaml").is_file():
+        from asrkit.config import load_config
+
+        config = load_config(None, overrides)  # a new experiment of the defaults
     else:
-        config = load_config(args.config, overrides)
+        config = experiment_or_config(args.config, args.exp_dir, overrides)
     writable_directory(args.exp_dir, "--exp-dir")
     from asrkit.training.trainer import train  # TensorFlow: only once the arguments are good
 
@@ -53,10 +52,3 @@ def run(args: argparse.Namespace) -> int:
         f"{result.seconds:.0f} s -> {args.exp_dir}"
     )
     return 0
-
-
-def _absolute_asset(override: str) -> str:
-    key, sep, value = override.partition("=")
-    if sep and value and key.strip() in ("data.tokenizer", "data.cmvn", "data.plan"):
-        return f"{key}={Path(value).resolve()}"
-    return override

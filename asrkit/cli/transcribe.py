@@ -10,6 +10,7 @@ from asrkit.cli.options import (
     add_chunk_argument,
     add_search_arguments,
     add_weights_arguments,
+    check_search_arguments,
     search_options,
 )
 from asrkit.errors import InputError
@@ -60,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.nbest < 0:
         raise InputError(f"--nbest must be >= 0, got {args.nbest}")
+    check_search_arguments(args)
+    if args.model and args.nbest > 1:
+        _check_export_finds(args.model, args.nbest)
     if args.format == "srt" and len(args.files) > 1 and not args.out_dir:
         raise InputError("--format srt with several files needs --out-dir (one .srt each)")
     stems = [Path(f).stem for f in args.files]
@@ -141,6 +145,24 @@ def _experiment_recogniser(args):
     config = experiment.config
     options = search_options(args, config.decode.max_symbols_per_step)
     return NetworkRecogniser.of(experiment, options)
+
+
+def _check_export_finds(model: str, nbest: int) -> None:
+    """An export's built-in search (its asrkit_export.json) must find `nbest` hypotheses."""
+    import json
+    import re
+
+    try:
+        decoding = json.loads((Path(model) / "asrkit_export.json").read_text())["decoding"]
+    except (OSError, ValueError, KeyError):
+        return  # not an asrkit export: loading it names the problem
+    found = re.search(r"beam (\d+)", decoding)
+    beam = found.group(1) if found else "1"
+    if int(beam) < nbest:
+        raise InputError(
+            f"--nbest {nbest}: {model} was exported with {decoding.split(',')[0]}, which finds "
+            f"at most {beam} hypotheses; export with --method beam --beam {nbest}"
+        )
 
 
 def _model_recogniser(args):

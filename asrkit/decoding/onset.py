@@ -28,6 +28,15 @@ ONSET_HOP_SECONDS = 0.01
 ONSET_BELOW_PEAK_DB = 35.0
 ONSET_ABOVE_FLOOR_DB = 12.0
 FLOOR_PERCENTILE = 10
+# A delay outside these bounds is not a transducer's emission delay but a model that does
+# not place words in time (untrained, or trained on other audio): it is refused, not stored.
+# A word cannot be emitted before the speech begins (less an onset frame's 10 ms and a
+# 20 ms half-frame of slack), nor a second after it began.
+PLAUSIBLE_DELAY_SECONDS = (-0.03, 1.0)
+
+
+class ImplausibleDelay(InputError):
+    """A measured delay no correctly timed model has; the message says what it means."""
 
 
 @dataclass(frozen=True)
@@ -78,9 +87,29 @@ def measure_emission_delay(recognise, paths: list[str | Path]) -> EmissionDelay:
             "start followed by speech; calibrate on held-out recordings the model transcribes"
         )
     quartiles = statistics.quantiles(delays, n=4) if len(delays) > 1 else [delays[0]] * 3
-    return EmissionDelay(
+    delay = EmissionDelay(
         seconds=float(statistics.median(delays)),
         utterances=len(delays),
         skipped=len(found) - len(delays),
         spread=float(quartiles[2] - quartiles[0]),
     )
+    check_plausible(delay)
+    return delay
+
+
+def check_plausible(delay: EmissionDelay) -> None:
+    """`ImplausibleDelay` for a delay outside `PLAUSIBLE_DELAY_SECONDS`."""
+    low, high = PLAUSIBLE_DELAY_SECONDS
+    ms = delay.seconds * 1000
+    if delay.seconds < low:
+        raise ImplausibleDelay(
+            f"the first words come {-ms:.0f} ms before the speech begins (median over "
+            f"{delay.utterances} recordings): this model does not place its words in time, so "
+            "there is no delay to store; calibrate a model that transcribes these recordings"
+        )
+    if delay.seconds > high:
+        raise ImplausibleDelay(
+            f"the first words come {ms:.0f} ms after the speech begins (median over "
+            f"{delay.utterances} recordings), more than a model waits: it misses or misplaces "
+            "the first words; nothing stored"
+        )

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import yaml
 
+from asrkit.config import yaml_problem
 from asrkit.errors import InputError
 from asrkit.importers.torch_checkpoint import read_torch_checkpoint_bytes
 
@@ -64,8 +65,10 @@ def read_nemo(path: str | os.PathLike) -> NemoArchive:
             raise NemoArchiveError(f"{path}: no {required} in the archive (not a NeMo model?)")
     try:
         config = yaml.safe_load(members.pop(CONFIG_MEMBER).decode("utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise NemoArchiveError(f"{path}: {CONFIG_MEMBER} is not valid YAML ({err})") from None
+    except yaml.YAMLError as err:
+        raise NemoArchiveError(f"{path}: {CONFIG_MEMBER}: {yaml_problem(err)}") from None
+    except UnicodeDecodeError as err:
+        raise NemoArchiveError(f"{path}: {CONFIG_MEMBER} is not UTF-8 text ({err})") from None
     if not isinstance(config, dict):
         raise NemoArchiveError(f"{path}: {CONFIG_MEMBER} is not a mapping")
     weights = read_torch_checkpoint_bytes(members.pop(WEIGHTS_MEMBER), f"{path}:{WEIGHTS_MEMBER}")

@@ -14,6 +14,7 @@ from asrkit.config import SCHEMA_VERSION
 
 ASRKIT = Path(sys.executable).parent / "asrkit"
 ROOT = Path(__file__).resolve().parents[2]
+CLIP = ROOT / "tests/data/realspeech/test-real/9002/90021/9002-90021-0000.flac"
 
 
 def _record_config(exp, tokenizer: str) -> None:
@@ -62,17 +63,52 @@ def _one_error_line(capsys, command: str) -> str:
          "one.jsonl:1: utterance u1: audio {tmp}/u1.flac: no such file"),
         (["calibrate", "--exp-dir", "{tmp}", "--manifest", "{tmp}/one.jsonl", "--limit", "0"],
          "calibrate", "--limit must be >= 1, got 0"),
+        (["transcribe", "--exp-dir", "{tmp}/nowhere", "--beam", "0", "{clip}"], "transcribe",
+         "--beam must be >= 1, got 0"),
+        (["transcribe", "--exp-dir", "{tmp}/nowhere", "--nbest", "4", "--format", "json",
+          "{clip}"], "transcribe", "--nbest 4: greedy search finds one hypothesis; add "
+         "--method beam --beam 4"),
+        (["decode", "--exp-dir", "{tmp}/nowhere", "--manifest", "m.jsonl", "--method", "beam",
+          "--beam", "-1"], "decode", "--beam must be >= 1, got -1"),
+        (["train", "--config", "{tmp}/broken.yaml", "--exp-dir", "{tmp}/e"], "train",
+         "{tmp}/broken.yaml: not valid YAML: line 3, column 8: mapping values are not allowed"),
+        (["plan", "--exp-dir", "{tmp}/new", "--memory", "2GiB"], "plan",
+         "--exp-dir {tmp}/new: not an experiment yet (no config.yaml); give the model and "
+         "data to use with --config CONF"),
     ],
 )  # fmt: skip
 def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, command, names):
     (tmp_path / "bad.yaml").write_text("train:\n  epoch: 3\n")
+    (tmp_path / "broken.yaml").write_text("train:\n  epochs: 3\n  lr: 1: 2\n")
     one = {"id": "u1", "audio_path": f"{tmp_path}/u1.flac", "duration": 1.0, "text": "A",
            "speaker": "1"}  # fmt: skip
     (tmp_path / "one.jsonl").write_text(json.dumps(one) + "\n")
-    argv = [a.format(tmp=tmp_path) for a in argv]
+    argv = [a.format(tmp=tmp_path, clip=CLIP) for a in argv]
     assert main(argv) == 2
     line = _one_error_line(capsys, command)
     assert names.format(tmp=tmp_path) in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "created"),
+    [
+        (["decode", "--exp-dir", "{tmp}/nowhere", "--manifest", "m.jsonl", "--out",
+          "{tmp}/results/test"], "results"),
+        (["average", "--exp-dir", "{tmp}", "--last", "5"], "averaged"),
+        (["plan", "--config", "{tmp}/conf.yaml", "--exp-dir", "{tmp}/planned/exp", "--memory",
+          "1GiB"], "planned"),
+    ],
+    ids=["decode --out", "average --last", "plan --exp-dir"],
+)  # fmt: skip
+def test_a_failed_command_leaves_no_directory_it_created(tmp_path, capsys, argv, created):
+    """The output directories a command made before it failed are taken back; one that
+    existed before, or one with a file in it, stays."""
+    (tmp_path / "conf.yaml").write_text(f"data: {{tokenizer: {tmp_path}/no-tokenizer}}\n")
+    (tmp_path / "keep").mkdir()
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    _one_error_line(capsys, argv[0])
+    assert not (tmp_path / created).exists()
+    assert (tmp_path / "keep").is_dir()
 
 
 def test_a_mistake_run_as_a_command_prints_no_traceback_and_no_tensorflow_noise(tmp_path):

@@ -9,7 +9,7 @@ import soundfile
 
 from asrkit.audio import read_audio
 from asrkit.config import FeatureConfig
-from asrkit.decoding.onset import measure_emission_delay, speech_onset
+from asrkit.decoding.onset import ImplausibleDelay, measure_emission_delay, speech_onset
 from asrkit.decoding.search import Hypothesis
 from asrkit.decoding.transcribe import Decoded
 from asrkit.decoding.words import Alignment, FrameClock, Word
@@ -82,23 +82,36 @@ class LateRecogniser:
         return out
 
 
-@pytest.mark.parametrize("delay", [0.12, 0.3])
-def test_a_known_delay_is_measured_back(tmp_path, delay):
-    """Files with random quiet leads and levels; the measured delay is the recogniser's own
-    (within half a frame and one onset step)."""
+def _quiet_then_speech(tmp_path, count=9):
+    """Files with random quiet leads and levels, and one silent file."""
     rng = np.random.default_rng(3)
     paths = []
-    for i in range(9):
+    for i in range(count):
         samples = np.concatenate(
             [noise(rng.uniform(0.1, 0.8), 1e-4, rng), syllables(1.0, rng.uniform(0.2, 0.5), rng)]
         )
         paths.append(tmp_path / f"{i}.wav")
         soundfile.write(paths[-1], samples, RATE)
     soundfile.write(tmp_path / "silent.wav", np.zeros(RATE, np.float32), RATE)
-    found = measure_emission_delay(LateRecogniser(delay), [*paths, tmp_path / "silent.wav"])
+    return [*paths, tmp_path / "silent.wav"]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.12, 0.3])
+def test_a_known_delay_is_measured_back(tmp_path, delay):
+    """The measured delay is the recogniser's own (within half a frame and one onset
+    step), 0 included."""
+    found = measure_emission_delay(LateRecogniser(delay), _quiet_then_speech(tmp_path))
     assert found.seconds == pytest.approx(delay, abs=0.02 + 0.011)
     assert found.utterances == 9 and found.skipped == 1
     assert 0 <= found.spread <= 0.04
+
+
+@pytest.mark.parametrize(("delay", "message"), [(-0.27, "before the speech"), (1.5, "after")])
+def test_a_delay_no_timed_model_has_is_refused(tmp_path, delay, message):
+    """Words before the speech begins (the -270 ms of a model that put every word in the
+    first 0.32 s), or seconds after it: refused with what it means, never stored."""
+    with pytest.raises(ImplausibleDelay, match=f"{message}.*median over 9 recordings"):
+        measure_emission_delay(LateRecogniser(delay), _quiet_then_speech(tmp_path))
 
 
 def test_a_clock_that_already_has_a_delay_is_refused(tmp_path):

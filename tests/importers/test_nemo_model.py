@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -307,6 +308,41 @@ def test_an_imported_model_fine_tunes_with_init_from(imported, tmp_path, monkeyp
 
     nemo_wer = error_rates([u.text for u in utterances], META["rnnt"]["text"]).wer
     assert 0 < nemo_wer < 1 and result.dev_wer == pytest.approx(nemo_wer, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_plan_measures_the_imported_model_itself(imported, tmp_path, monkeypatch, capsys):
+    """`asrkit plan --exp-dir IMPORTED` (no --config) plans the imported model from its
+    recorded config and tokenizer, from any directory; only the training shards are named
+    (relative to where it runs). Also with `--config IMPORTED/config.yaml`."""
+    from asrkit.cli.main import main
+    from asrkit.config import load_config
+    from asrkit.data.batch_plan import load_plan, memory_fingerprint
+    from asrkit.data.manifest import Utterance, write_manifest
+
+    summary, _, _, _ = imported["rnnt"]
+    exp = tmp_path / "imported"
+    shutil.copytree(summary.exp_dir, exp)
+    monkeypatch.chdir(tmp_path)
+    clips = [Utterance(Path(c).stem, str(ROOT / c), len(read_audio(ROOT / c, 16000)) / 16000,
+                       line.upper(), "9002")
+             for c, line in zip(META["clips"], META["lines"], strict=True)]  # fmt: skip
+    write_manifest("clips.jsonl", clips)
+    assert main(["features", "extract", "--manifest", "clips.jsonl", "--tokenizer",
+                 str(exp / "tokenizer"), "--out", "shards", "--shards", "1",
+                 "--config", str(exp / "config.yaml")]) == 0  # fmt: skip
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for config in ([], ["--config", str(exp / "config.yaml")]):
+        capsys.readouterr()
+        argv = ["plan", "--exp-dir", str(exp), "--memory", "2GiB", "--device", "CPU:0",
+                "--set", f"data.train_shards={tmp_path / 'shards'}", *config]  # fmt: skip
+        assert main(argv) == 0, capsys.readouterr().err
+        plan = load_plan(exp / "plan.json")
+        recorded = load_config(exp / "config.yaml")
+        assert plan.measured_for["model"] == memory_fingerprint(recorded)["model"]
+        assert plan.buckets and all(b.micro_batch >= 1 for b in plan.buckets)
 
 
 @pytest.mark.parametrize("name", MODELS)
