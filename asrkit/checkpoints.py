@@ -65,6 +65,9 @@ class TrainState:
     micro_batches: int  # micro-batches of that epoch already consumed
     updates: int  # optimizer updates so far
     best_wer: float | None = None
+    # The dev WER of these very weights (an epoch-end checkpoint of a run with dev shards;
+    # None otherwise): what `train.keep_best` and `asrkit average --best` rank by.
+    dev_wer: float | None = None
     # What the epoch's order is a function of (`asrkit.data.order.DataPlanKey.as_dict()`):
     # `micro_batches` counts micro-batches of that order only.
     data_plan: dict | None = None
@@ -157,6 +160,32 @@ def last_checkpoints(directory: str | os.PathLike, n: int) -> list[Path]:
     return found[-n:]
 
 
+def best_checkpoints(directory: str | os.PathLike, n: int) -> list[Path]:
+    """The `n` complete checkpoints with the lowest dev WER (`TrainState.dev_wer`), oldest
+    first (a tie goes to the newer one); an error that says why when there are not that
+    many with a dev WER."""
+    if n < 1:
+        raise CheckpointError(f"the number of checkpoints must be >= 1, got {n}")
+    found = list_checkpoints(directory)
+    if not found:
+        raise CheckpointError(f"{directory}: no checkpoint (has this experiment been trained?)")
+    ranked = _ranked_by_dev_wer(found)
+    if len(ranked) < n:
+        raise CheckpointError(
+            f"{directory}: {len(ranked)} checkpoint(s) with a dev WER, cannot average the best "
+            f"{n} (a dev WER is measured at the end of each epoch when data.dev_shards is set; "
+            "train.keep_best keeps the best ones)"
+        )
+    chosen = set(ranked[:n])
+    return [p for p in found if p in chosen]
+
+
+def _ranked_by_dev_wer(paths: list[Path]) -> list[Path]:
+    """The checkpoints of `paths` that have a dev WER, best first (ties: newer first)."""
+    scored = [(read_state(p).dev_wer, -i, p) for i, p in enumerate(paths)]
+    return [p for wer, _, p in sorted(s for s in scored if s[0] is not None)]
+
+
 def read_state(path: str | os.PathLike) -> TrainState:
     record = json.loads((Path(path) / "state.json").read_text())
     if record.get("schema") != SCHEMA_VERSION:
@@ -169,13 +198,14 @@ def read_state(path: str | os.PathLike) -> TrainState:
 
 # ------------------------------------------------------------------------------ writing
 class CheckpointManager:
-    """Writes `ckpt-<updates>` checkpoints into a directory and keeps the newest `keep`."""
+    """Writes `ckpt-<updates>` checkpoints into a directory and keeps the newest `keep`,
+    and besides them the `keep_best` with the lowest dev WER."""
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3):
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, keep_best: int = 0):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory = Path(directory)
-        self.keep = keep
+        self.keep, self.keep_best = keep, keep_best
         self.directory.mkdir(parents=True, exist_ok=True)
         _recover(self.directory)
 
@@ -193,8 +223,11 @@ class CheckpointManager:
         as it was."""
         final = self.directory / f"ckpt-{state.updates:08d}"
         _write_atomically(final, lambda tmp: _write(tmp, network, state, optimizer, heads))
-        for old in self.checkpoints()[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        found = self.checkpoints()
+        best = set(_ranked_by_dev_wer(found)[: self.keep_best]) if self.keep_best else set()
+        for old in found[: -self.keep]:
+            if old not in best:
+                shutil.rmtree(old, ignore_errors=True)
         return final
 
 
@@ -495,9 +528,22 @@ def average_last(
 ) -> AveragedCheckpoint:
     """Averages an experiment's last `last` checkpoints into `out` (default
     `<exp_dir>/averaged/last<N>-<final checkpoint>`)."""
+    sources = last_checkpoints(Path(exp_dir) / "checkpoints", last)
+    return _average_into(exp_dir, sources, out, f"last{last}")
+
+
+def average_best(
+    exp_dir: str | os.PathLike, best: int, out: str | os.PathLike | None = None
+) -> AveragedCheckpoint:
+    """Averages an experiment's `best` checkpoints by dev WER into `out` (default
+    `<exp_dir>/averaged/best<N>-<newest of them>`)."""
+    sources = best_checkpoints(Path(exp_dir) / "checkpoints", best)
+    return _average_into(exp_dir, sources, out, f"best{best}")
+
+
+def _average_into(exp_dir, sources: list[Path], out, label: str) -> AveragedCheckpoint:
     exp_dir = Path(exp_dir)
-    sources = last_checkpoints(exp_dir / "checkpoints", last)
-    out = Path(out) if out else exp_dir / "averaged" / f"last{last}-{sources[-1].name}"
+    out = Path(out) if out else exp_dir / "averaged" / f"{label}-{sources[-1].name}"
     write_weights(out, average_checkpoints(sources), read_state(sources[-1]))
     (out / "averaged.json").write_text(json.dumps([str(p) for p in sources], indent=1) + "\n")
     return AveragedCheckpoint(out, sources)

@@ -387,6 +387,9 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 200  # updates
     keep_checkpoints: int = 3
+    # Besides the newest keep_checkpoints: the N epoch-end checkpoints with the lowest dev
+    # WER (needs data.dev_shards); `asrkit average --best N` averages them.
+    keep_best: int = 0
     jit_compile: bool = False
     max_consecutive_skips: int = 25
     freeze_encoder: int = 0  # fine-tuning: 0 none, -1 the whole encoder, n its first n layers
@@ -394,7 +397,7 @@ class TrainConfig:
 
     def __post_init__(self):
         _at_least(self, "train", epochs=1, accumulation_steps=1, warmup_updates=0,
-                  checkpoint_every=0, keep_checkpoints=1, max_consecutive_skips=0,
+                  checkpoint_every=0, keep_checkpoints=1, keep_best=0, max_consecutive_skips=0,
                   freeze_encoder=-1)  # fmt: skip
         _positive(self, "train", "effective_batch_seconds", "learning_rate", "clip_global_norm")
         _at_least(self, "train", weight_decay=0.0, final_lr_ratio=0.0)
@@ -435,6 +438,10 @@ class ExperimentConfig:
                 "a TDT model (model.durations) trains with loss.kind: tdt, and loss.kind: tdt "
                 f"needs model.durations; got model.durations {list(self.model.durations)} "
                 f"with loss.kind {self.loss.kind!r}"
+            )
+        if self.train.keep_best and not self.data.dev_shards:
+            raise ValueError(
+                "train.keep_best ranks checkpoints by dev WER: it needs data.dev_shards"
             )
         if self.schema != SCHEMA_VERSION:
             raise ValueError(

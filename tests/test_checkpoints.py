@@ -15,7 +15,9 @@ from asrkit.checkpoints import (
     CheckpointManager,
     TrainState,
     _record_files,
+    average_best,
     average_last,
+    best_checkpoints,
     list_checkpoints,
     load_matching_weights,
     named_variables,
@@ -82,6 +84,37 @@ def test_averaging_more_than_kept_is_a_clear_error(tmp_path):
         manager.save(model, TrainState(0, 0, updates))
     with pytest.raises(CheckpointError, match=r"2 checkpoint.*last 3.*keep_checkpoints"):
         average_last(tmp_path, last=3)
+
+
+def test_the_best_by_dev_wer_are_kept_besides_the_newest_and_averaged(tmp_path):
+    """keep 1 + keep_best 2 over epoch-end checkpoints with dev WERs 0.5, 0.3, 0.4, 0.6
+    and mid-epoch ones without: the newest and the two best stay (every mid-epoch one but
+    the newest goes); `average_best` averages exactly those two, a brute-force ranking of
+    every saved state agrees, and asking for more than have a dev WER is a clear error."""
+    keras.utils.set_random_seed(0)
+    model = built_transducer()
+    manager = CheckpointManager(tmp_path / "checkpoints", keep=1, keep_best=2)
+    rng = np.random.default_rng(1)
+    saved, wers = {}, {}
+    for updates, wer in [(10, 0.5), (15, None), (20, 0.3), (30, 0.4), (35, None), (40, 0.6)]:
+        saved[updates] = randomize(model, rng, updates)
+        wers[updates] = wer
+        manager.save(model, TrainState(updates // 10, 0, updates, dev_wer=wer))
+    kept = {int(p.name.split("-")[1]) for p in manager.checkpoints()}
+    ranked = sorted((w, u) for u, w in wers.items() if w is not None)
+    assert kept == {40} | {u for _, u in ranked[:2]} == {20, 30, 40}
+    best = best_checkpoints(tmp_path / "checkpoints", 2)
+    assert [p.name for p in best] == ["ckpt-00000020", "ckpt-00000030"]
+    averaged = average_best(tmp_path, 2)
+    assert averaged.path.name == "best2-ckpt-00000030"
+    fresh = built_transducer()
+    restore(fresh, averaged.path)
+    for name, var in named_variables(fresh).items():
+        if is_float(var):
+            want = (saved[20][name].astype(np.float64) + saved[30][name]) / 2
+            np.testing.assert_allclose(var.numpy(), want.astype(var.dtype), rtol=0, atol=0)
+    with pytest.raises(CheckpointError, match=r"3 checkpoint\(s\) with a dev WER.*best 4"):
+        average_best(tmp_path, 4)
 
 
 def test_names_are_attribute_paths_the_same_in_every_instance():

@@ -126,7 +126,8 @@ FINETUNE = ROOT / "recipes/finetune/run.sh"
 @pytest.mark.slow
 def test_finetune_recipe_imports_plans_trains_and_compares_on_a_tiny_corpus(tmp_path):
     """A NeMo fixture model fine-tuned on another synthetic corpus (LibriSpeech layout):
-    every stage, WER before and after on the test set, a SavedModel; a rerun skips all."""
+    every stage, WER before and after on the dev and test sets (a warning exactly when dev
+    WER got worse), the best checkpoints averaged, a SavedModel; a rerun skips all."""
     from asrkit.data.synthetic import make_synthetic_corpus
 
     make_synthetic_corpus(tmp_path / "corpus", "tiny", seed=3, show_progress=False)
@@ -139,11 +140,18 @@ def test_finetune_recipe_imports_plans_trains_and_compares_on_a_tiny_corpus(tmp_
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     work = tmp_path / "w"
     assert all((work / ".done" / str(n)).exists() for n in range(9))
-    before = json.loads((work / "decode_before/wer.json").read_text())
-    after = json.loads((work / "exp/decode_after/wer.json").read_text())
-    assert before["utterances"] == after["utterances"] == 2
-    assert "before fine-tuning: data/test.jsonl" in first.stdout
-    assert "after fine-tuning:  data/test.jsonl" in first.stdout
+    wers = {}
+    for part in ("dev", "test"):
+        before = json.loads((work / f"decode_before/{part}/wer.json").read_text())
+        after = json.loads((work / f"exp/decode_after/{part}/wer.json").read_text())
+        assert before["utterances"] == after["utterances"] > 0
+        assert f"{part} WER before fine-tuning: data/{part}.jsonl" in first.stdout
+        assert f"{part} WER after fine-tuning:  data/{part}.jsonl" in first.stdout
+        wers[part] = (round(100 * before["wer"], 2), round(100 * after["wer"], 2))
+    assert ("made dev WER worse" in first.stdout) == (wers["dev"][1] > wers["dev"][0])
+    # the best 2 of the 2 epochs by dev WER (keep_best), averaged, decoded and exported
+    assert "averaged the best by dev WER: ckpt-" in first.stdout
+    assert after["weights"] == "exp/best"
     assert "initialised" in first.stdout  # every weight reused, none left fresh:
     assert "not loaded" not in first.stdout and "left fresh" not in first.stdout
     assert json.loads((work / "exp/plan.json").read_text())["budget_bytes"] == 2 * 2**30
@@ -169,6 +177,7 @@ def test_finetune_recipe_refuses_wrong_arguments_in_one_line(tmp_path):
         ("--exp", str(fake), "--data", "nowhere"): "nowhere: no such directory",
         ("--exp", str(fake), "--data", str(tmp_path), "--tokenizer", "old"): "keep or new",
         ("--exp", str(fake), "--data", str(tmp_path), "--parts", "a,b"): "three parts",
+        ("--exp", str(fake), "--data", str(tmp_path), "--best", "0"): "--best 0: a number",
         ("--frobnicate",): "unknown argument: --frobnicate",
         ("--exp", str(fake), "--data", str(jsonl), "--work", str(tmp_path / "w"),
          "--stage", "1", "--stop-stage", "1"): "dev.jsonl line 2: not a JSON object",

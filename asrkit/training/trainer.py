@@ -331,13 +331,16 @@ def _check_data_plan(state: TrainState, data: _TrainingData, log, new_order: boo
 
 def _run_epochs(task, run: _Run, data: _TrainingData, state: TrainState, stop) -> TrainResult:
     config = run.config
-    manager = CheckpointManager(run.save_dir / "checkpoints", config.train.keep_checkpoints)
+    manager = CheckpointManager(
+        run.save_dir / "checkpoints", config.train.keep_checkpoints, config.train.keep_best
+    )
     if run.chief:
         writer = tf.summary.create_file_writer(str(run.exp_dir / "tensorboard"))
     else:
         writer = tf.summary.create_noop_writer()
     dev_wer, epoch_losses, last = state.best_wer, [], None
     while state.epoch < config.train.epochs and not stop.signal:
+        state = dataclasses.replace(state, dev_wer=None)  # mid-epoch weights have none
         progress = TrainingProgress(
             manager, state, data.micro_per_epoch, data.audio_per_micro_batch, config, writer,
             run.log, stop=stop,
@@ -358,7 +361,7 @@ def _run_epochs(task, run: _Run, data: _TrainingData, state: TrainState, stop) -
             dev_wer = _dev_wer(task.network, config, run.tokenizer, data)
             decoding = time.monotonic() - started
             best = dev_wer if state.best_wer is None else min(dev_wer, state.best_wer)
-            state = dataclasses.replace(state, best_wer=best)
+            state = dataclasses.replace(state, best_wer=best, dev_wer=dev_wer)
             with writer.as_default():
                 tf.summary.scalar("dev/wer", dev_wer, step=updates)
             run.log(

@@ -3,7 +3,7 @@
 #
 # Usage: recipes/finetune/run.sh (--nemo MODEL.nemo | --exp EXP) --data DIR [--work DIR]
 #          [--memory SIZE] [--device GPU:0] [--tokenizer keep|new] [--vocab N]
-#          [--parts TRAIN,DEV,TEST] [--config FILE] [--average N]
+#          [--parts TRAIN,DEV,TEST] [--config FILE] [--best N]
 #          [--stage N] [--stop-stage M] [--set key=value]...
 #   --data DIR   a LibriSpeech-layout corpus (--parts, default train-clean-100,dev-clean,
 #                test-clean) or a directory holding train.jsonl, dev.jsonl and test.jsonl
@@ -15,17 +15,18 @@
 #   1  manifests in <work>/data
 #   2  tokenizer
 #   3  features with the pretrained model's settings (shards/train, shards/dev)
-#   4  decode the test set with the pretrained model (WER before)
+#   4  decode the dev and test sets with the pretrained model (WER before)
 #   5  plan the micro-batches for --memory (skipped without it)
 #   6  train --init-from the pretrained model
-#   7  average the last --average checkpoints, decode the test set (WER after), compare
-#   8  export a SavedModel (<work>/exp/saved_model)
+#   7  average the --best N checkpoints by dev WER (train.keep_best keeps them), decode the
+#      dev and test sets (WER after), compare; warn when dev WER got worse
+#   8  export a SavedModel of that average (<work>/exp/saved_model)
 # Each finished stage leaves <work>/.done/<stage>; a rerun skips it (delete it to redo).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 stage=0; stop_stage=8; work=exp/finetune; nemo=; exp=; data=; memory=; device=
-tokenizer=keep; vocab=256; parts=train-clean-100,dev-clean,test-clean; average=2
+tokenizer=keep; vocab=256; parts=train-clean-100,dev-clean,test-clean; best=2
 config="$here/conf/finetune.yaml"; sets=()
 absolute() { [[ $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
 while (( $# )); do
@@ -40,7 +41,7 @@ while (( $# )); do
     --vocab) vocab=$2; shift 2 ;;
     --parts) parts=$2; shift 2 ;;
     --config) config=$(absolute "$2"); shift 2 ;;
-    --average) average=$2; shift 2 ;;
+    --best) best=$2; shift 2 ;;
     --stage) stage=$2; shift 2 ;;
     --stop-stage) stop_stage=$2; shift 2 ;;
     --set) sets+=(--set "$2"); shift 2 ;;
@@ -57,6 +58,7 @@ fail() { echo "run.sh: $*" >&2; exit 2; }
 [[ -d $data ]] || fail "--data $data: no such directory"
 [[ $tokenizer == keep || $tokenizer == new ]] || fail "--tokenizer $tokenizer: keep or new"
 [[ -f $config ]] || fail "--config $config: no such file"
+[[ $best =~ ^[1-9][0-9]*$ ]] || fail "--best $best: a number of checkpoints >= 1"
 IFS=, read -r -a split <<< "$parts"
 (( ${#split[@]} == 3 )) || fail "--parts $parts: three parts, TRAIN,DEV,TEST"
 asrkit=${ASRKIT:-asrkit}
@@ -133,10 +135,17 @@ data_sets() {  # the fine-tuning data; an asrkit experiment's own CMVN statistic
     --set data.tokenizer=tokenizer --set data.cmvn=$cmvn --set data.plan=null
 }
 wer() { grep -h "WER" "$1/report.txt" | head -n 1; }
+wer_percent() {
+  python3 -c 'import json, sys; print("%.2f" % (100 * json.load(open(sys.argv[1]))["wer"]))' \
+    "$1/wer.json"
+}
 before() {
-  "$asrkit" decode --exp-dir pretrained --manifest data/test.jsonl --method greedy \
-    --out decode_before
-  log "before fine-tuning: $(wer decode_before)"
+  local name
+  for name in dev test; do
+    "$asrkit" decode --exp-dir pretrained --manifest "data/$name.jsonl" --method greedy \
+      --out "decode_before/$name"
+    log "before fine-tuning, $name: $(wer "decode_before/$name")"
+  done
 }
 plan() {
   finetune_config
@@ -152,22 +161,35 @@ train() {
   "$asrkit" train --config finetune.yaml --exp-dir exp --init-from pretrained "${planned[@]}" \
     $(data_sets) "${sets[@]}"
 }
-averaged() {  # --average, or every checkpoint when training wrote fewer
+best_average() {  # the --best checkpoints by dev WER (fewer if fewer epochs have one)
   local have
-  have=$(find exp/checkpoints -maxdepth 1 -name 'ckpt-*' | wc -l)
-  echo $(( have < average ? have : average ))
+  have=$(grep -l '"dev_wer": [0-9]' exp/checkpoints/ckpt-*/state.json 2>/dev/null | wc -l)
+  (( have > 0 )) || fail "exp/checkpoints: no checkpoint has a dev WER (no dev set?)"
+  rm -rf exp/best
+  "$asrkit" average --exp-dir exp --best $(( have < best ? have : best )) --out exp/best
 }
 after() {
-  local last; last=$(averaged)
-  "$asrkit" decode --exp-dir exp --manifest data/test.jsonl --average "$last" --method greedy \
-    --out exp/decode_after
-  log "before fine-tuning: $(wer decode_before)"
-  log "after fine-tuning:  $(wer exp/decode_after)"
+  best_average
+  local name
+  for name in dev test; do
+    "$asrkit" decode --exp-dir exp --checkpoint exp/best --manifest "data/$name.jsonl" \
+      --method greedy --out "exp/decode_after/$name"
+  done
+  for name in dev test; do
+    log "$name WER before fine-tuning: $(wer "decode_before/$name")"
+    log "$name WER after fine-tuning:  $(wer "exp/decode_after/$name")"
+  done
+  local was now
+  was=$(wer_percent decode_before/dev); now=$(wer_percent exp/decode_after/dev)
+  if python3 -c 'import sys; sys.exit(not float(sys.argv[2]) > float(sys.argv[1]))' \
+    "$was" "$now"; then
+    log "warning: fine-tuning made dev WER worse ($was % -> $now %): try a lower" \
+      "train.learning_rate, fewer train.epochs or train.freeze_encoder, or keep the" \
+      "pretrained model"
+  fi
 }
 export_model() {
-  local last; last=$(averaged)
-  rm -rf exp/saved_model
-  "$asrkit" export --exp-dir exp --average "$last" --out exp/saved_model
+  "$asrkit" export --exp-dir exp --checkpoint exp/best --out exp/saved_model --force
 }
 
 run_stage 0 pretrained pretrained

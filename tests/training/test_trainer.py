@@ -86,6 +86,19 @@ def test_training_learns_and_checkpoints(workdir, uninterrupted):
     assert uninterrupted.dev_wer == pytest.approx(decoded.rates.wer, abs=1e-9)
     checkpoints = CheckpointManager(workdir / "exp_a" / "checkpoints").checkpoints()
     assert len(checkpoints) >= uninterrupted.state.updates
+    # Each epoch-end checkpoint records the dev WER of its own weights (what
+    # train.keep_best ranks by), the mid-epoch ones none.
+    from asrkit.checkpoints import read_state
+    from asrkit.curves import read_curves
+
+    states = [read_state(p) for p in checkpoints]
+    assert states[-1].dev_wer == pytest.approx(uninterrupted.dev_wer, abs=1e-12)
+    dev_points = dict(read_curves(workdir / "exp_a").dev_wer)
+    recorded = {s.updates: s.dev_wer for s in states if s.dev_wer is not None}
+    assert recorded and set(recorded) <= set(dev_points)
+    for updates, wer in recorded.items():
+        assert wer == pytest.approx(dev_points[updates], abs=1e-6)
+    assert len(recorded) < len(states)  # checkpoint_every's mid-epoch ones have none
     assert (workdir / "exp_a" / "config.yaml").read_text().startswith("# asrkit")
     tags = set()
     for event_file in (workdir / "exp_a" / "tensorboard").glob("events.*"):
