@@ -237,14 +237,14 @@ def main() -> None:
     parser.add_argument("--nemo-python", help="the Python of a venv with nemo-toolkit[asr]")
     parser.add_argument("--data", required=True, help="directory of asrkit manifests")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab", type=int, default=64)
     parser.add_argument("--d-model", type=int, default=96)
     parser.add_argument("--blocks", type=int, default=4)
-    parser.add_argument("--batch-seconds", type=float, default=60.0)
+    parser.add_argument("--batch-seconds", type=float, default=30.0)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=300)
     args = parser.parse_args()
     if args.nemo_python:  # start again under it, without the flag
         if not os.access(args.nemo_python, os.X_OK):
