@@ -37,6 +37,7 @@ TOKENIZER_DIR = "tokenizer"
 CMVN_FILE = "cmvn.json"
 PLAN_FILE = "plan.json"
 TIMING_FILE = "timing.json"
+TRAINING_LENGTHS_FILE = "training_lengths.json"
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")
 
 
@@ -215,6 +216,40 @@ def read_emission_delay(exp_dir: str | os.PathLike) -> float:
     except (ValueError, KeyError, TypeError) as error:
         raise ExperimentError(
             f"{path}: unreadable ({error}); delete it and run `asrkit calibrate` again"
+        ) from None
+
+
+@dataclass(frozen=True)
+class TrainingLengths:
+    """How long the utterances a model was trained on were: what a window of a long
+    recording must not exceed (`asrkit transcribe`)."""
+
+    max_seconds: float
+    median_seconds: float | None = None
+    utterances: int | None = None
+    source: str = ""  # where the figures come from
+
+
+def write_training_lengths(exp_dir: str | os.PathLike, lengths: TrainingLengths) -> Path:
+    """Records the training lengths in the experiment (whole or not at all)."""
+    path = Path(exp_dir) / TRAINING_LENGTHS_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(lengths), indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_training_lengths(exp_dir: str | os.PathLike) -> TrainingLengths | None:
+    """The experiment's recorded training lengths, None if it has none (trained by an asrkit
+    that did not record them)."""
+    path = Path(exp_dir) / TRAINING_LENGTHS_FILE
+    if not path.is_file():
+        return None
+    try:
+        return TrainingLengths(**json.loads(path.read_text()))
+    except (ValueError, TypeError) as error:
+        raise ExperimentError(
+            f"{path}: unreadable ({error}); delete it (windows then default to 30 s)"
         ) from None
 
 

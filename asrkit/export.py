@@ -142,9 +142,19 @@ def export_model(
         "emission_delay": clock.delay,
         "vocab_size": tokenizer.vocab_size,
         "experiment": str(Path(exp_dir).resolve()),
+        # the longest utterance trained on: what `asrkit transcribe --model` keeps its
+        # windows of long recordings within (null: not recorded)
+        "training_max_seconds": _training_max_seconds(exp_dir),
     }
     (out / "asrkit_export.json").write_text(json.dumps(info, indent=2) + "\n")
     return out
+
+
+def _training_max_seconds(exp_dir) -> float | None:
+    from asrkit.experiment import read_training_lengths
+
+    lengths = read_training_lengths(exp_dir)
+    return lengths.max_seconds if lengths else None
 
 
 STREAM_OUTPUTS = {

@@ -557,3 +557,39 @@ def test_an_export_over_an_existing_one_needs_force_and_replaces_it_whole(
              utts[0].audio_path]  # fmt: skip
     assert main(nbest) == 2
     assert "exported with beam search, which finds at most 3" in capsys.readouterr().err
+
+
+def test_windows_fit_the_recorded_training_length_and_a_longer_one_warns(
+    experiment, tmp_path, capsys
+):
+    """An experiment trained on utterances of up to 3 s: transcribe's default windows
+    (segment and contexts) stay within 3 s, with an export too (it carries the length);
+    a longer window asked for is used, with one warning line."""
+    import shutil
+
+    import soundfile
+
+    from asrkit.cli.main import main
+    from asrkit.experiment import TrainingLengths, write_training_lengths
+
+    _, source, utts = experiment
+    exp = tmp_path / "exp"
+    shutil.copytree(source, exp)
+    write_training_lengths(exp, TrainingLengths(3.0, source="a test"))
+    clips = [read_audio(u.audio_path) for u in utts[:3]]
+    long_file = tmp_path / "three.wav"
+    soundfile.write(long_file, np.concatenate(clips), 16000)
+    seconds = sum(len(c) for c in clips) / 16000
+    assert main(["export", "--exp-dir", str(exp), "--out", str(tmp_path / "saved")]) == 0
+    info = json.loads((tmp_path / "saved" / "asrkit_export.json").read_text())
+    assert info["training_max_seconds"] == 3.0
+    for source_args in (["--exp-dir", str(exp)], ["--model", str(tmp_path / "saved")]):
+        capsys.readouterr()
+        assert main(["transcribe", str(long_file), *source_args, "--format", "json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["windows"] >= seconds / 3.0  # segments of at most 2.4 s
+        capsys.readouterr()
+        with pytest.warns(UserWarning, match=r"longer than anything.*trained on \(3\.0 s\)"):
+            assert main(["transcribe", str(long_file), *source_args, "--format", "json",
+                         "--max-seconds", "8"]) == 0  # fmt: skip
+        assert json.loads(capsys.readouterr().out)["windows"] < result["windows"]

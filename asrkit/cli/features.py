@@ -18,6 +18,14 @@ def register(subparsers) -> None:
     extract.add_argument("--shards", type=int, default=8)
     extract.add_argument("--speeds", default="1.0", help="speed factors, e.g. 0.9,1.0,1.1")
     extract.add_argument("--workers", type=int, default=2)
+    extract.add_argument(
+        "--join-seconds", type=float, default=0.0, metavar="S",
+        help="join consecutive utterances of a speaker into one of up to S seconds (training "
+             "data: the model learns to go on past a sentence end; 0: off)",
+    )  # fmt: skip
+    extract.add_argument("--join-share", type=float, default=0.5, metavar="P",
+                         help="the share of utterances that start a joined one (0.5)")  # fmt: skip
+    extract.add_argument("--join-seed", type=int, default=0)
     add_config_arguments(extract)
     extract.set_defaults(func=run_extract)
     cmvn = actions.add_parser("cmvn", help="per-bin mean/std over shards -> JSON")
@@ -43,9 +51,15 @@ def run_extract(args: argparse.Namespace) -> int:
     from asrkit.outputs import writable_directory
 
     writable_directory(args.out, "--out")
+    from asrkit.data.joining import JoinSettings
     from asrkit.data.records import write_shards
     from asrkit.errors import InputError
     from asrkit.tokenizer import Tokenizer
+
+    try:
+        join = JoinSettings(args.join_seconds, args.join_share, args.join_seed)
+    except ValueError as error:
+        raise InputError(str(error)) from None
 
     try:
         speeds = tuple(float(s) for s in args.speeds.split(","))
@@ -61,6 +75,7 @@ def run_extract(args: argparse.Namespace) -> int:
         speeds=speeds,
         config=_features(args),
         workers=args.workers,
+        join=join,
     )
     print(
         f"{summary.utterances} utterances, {summary.frames} frames in "

@@ -4,6 +4,7 @@ experiment or a SavedModel; long files are decoded in overlapping windows."""
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 
 from asrkit.cli.options import (
@@ -38,11 +39,16 @@ def register(subparsers) -> None:
                             help="json: also the N best hypotheses (beam search)")  # fmt: skip
     transcribe.add_argument("--out-dir", help="write FILE's result to OUT_DIR/<name>.<format>")
     transcribe.add_argument(
-        "--max-seconds", type=float, default=30.0,
-        help="longer files are cut at quiet points into windows of at most this (30)",
+        "--max-seconds", type=float,
+        help="longer files are cut at quiet points into segments of at most this (default: "
+             "each window with its context within the longest utterance the model was trained "
+             "on, as its experiment records it; 30 s when it does not)",
     )  # fmt: skip
-    transcribe.add_argument("--context-seconds", type=float, default=1.0,
-                            help="audio each window also hears on each side (1.0)")  # fmt: skip
+    transcribe.add_argument(
+        "--context-seconds", type=float,
+        help="audio each window also hears on each side (default: a tenth of the longest "
+             "training utterance, at most 1 s)",
+    )  # fmt: skip
     transcribe.add_argument(
         "--streaming", action="store_true",
         help="decode each file as a stream, --chunk-seconds at a time, printing the text so "
@@ -76,17 +82,17 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise InputError(f"no such audio file: {missing[0]}")
     from asrkit.decoding import formats
-    from asrkit.decoding.long_audio import Windowing
+    from asrkit.decoding.long_audio import windowing_for
     from asrkit.decoding.transcribe import transcribe_files
 
     try:
-        windowing = Windowing(
-            max_seconds=args.max_seconds,
-            context_seconds=args.context_seconds,
-            search_seconds=min(5.0, args.max_seconds / 2),
+        windowing, caution = windowing_for(
+            _training_max_seconds(args), args.max_seconds, args.context_seconds
         )
     except ValueError as error:
         raise InputError(f"--max-seconds/--context-seconds: {error}") from None
+    if caution and not args.streaming:
+        warnings.warn(caution, stacklevel=1)
     if args.streaming:
         _check_streaming(args)
     elif args.realtime:
@@ -112,6 +118,23 @@ def run(args: argparse.Namespace) -> int:
         for transcript in found:
             print(render(transcript))
     return 0
+
+
+def _training_max_seconds(args) -> float | None:
+    """The longest utterance the model was trained on, as its experiment or export records
+    it (None: not recorded)."""
+    if args.model:
+        import json
+
+        try:
+            info = json.loads((Path(args.model) / "asrkit_export.json").read_text())
+        except (OSError, ValueError):
+            return None  # not an asrkit export: loading it names the problem
+        return info.get("training_max_seconds")
+    from asrkit.experiment import read_training_lengths
+
+    lengths = read_training_lengths(args.exp_dir)
+    return lengths.max_seconds if lengths else None
 
 
 def _check_streaming(args) -> None:

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from asrkit.audio import read_audio
 from asrkit.config import ExperimentConfig, FeatureConfig
+from asrkit.data.joining import JoinedUtterance, JoinSettings, join_consecutive
 from asrkit.data.manifest import Utterance, read_manifest
 from asrkit.errors import UserError
 from asrkit.features import log_mel, perturb_speed
@@ -93,13 +94,17 @@ def write_shards(
     config: FeatureConfig = FeatureConfig(),  # noqa: B008 (frozen, immutable)
     workers: int = 2,
     show_progress: bool = True,
+    join: JoinSettings = JoinSettings(),  # noqa: B008 (frozen, immutable)
 ) -> ShardSummary:
-    """Extracts features for every utterance (× every speed factor) into `num_shards` files."""
+    """Extracts features for every utterance (× every speed factor) into `num_shards` files;
+    with `join`, some consecutive utterances of a speaker become one (`asrkit.data.joining`)."""
     out_dir = Path(out_dir)
     fingerprint = shard_fingerprint(config, tokenizer, speeds)
+    if join.enabled:  # absent when off: earlier shards keep their fingerprint
+        fingerprint["join"] = dataclasses.asdict(join)
     _refuse_other_settings(out_dir, fingerprint)
     out_dir.mkdir(parents=True, exist_ok=True)
-    utterances = read_manifest(manifest)
+    utterances = join_consecutive(read_manifest(manifest), join)
     items = [(u, s) for u in utterances for s in speeds]
     shards = [out_dir / f"shard-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
     todo = [i for i, path in enumerate(shards) if not path.exists()]
@@ -151,7 +156,7 @@ def shard_fingerprint(
 
 def _differences(recorded: dict, wanted: dict, speeds: bool = False) -> list[str]:
     out = []
-    for key in ("features", "tokenizer", "vocab_size", *(("speeds",) if speeds else ())):
+    for key in ("features", "tokenizer", "vocab_size", *(("speeds", "join") if speeds else ())):
         old, new = recorded.get(key), wanted.get(key)
         if isinstance(old, dict) and isinstance(new, dict):
             out += [f"{key}.{k} {old.get(k)} != {v}" for k, v in new.items() if old.get(k) != v]
@@ -259,6 +264,10 @@ def lengths_index(shard: str) -> dict:
     return index
 
 
-def _features(utt: Utterance, speed: float, config: FeatureConfig) -> tuple[np.ndarray, float]:
-    samples = perturb_speed(read_audio(utt.audio_path, config.sample_rate), speed)
+def _features(
+    utt: Utterance | JoinedUtterance, speed: float, config: FeatureConfig
+) -> tuple[np.ndarray, float]:
+    parts = utt.parts if isinstance(utt, JoinedUtterance) else (utt,)
+    audio = np.concatenate([read_audio(u.audio_path, config.sample_rate) for u in parts])
+    samples = perturb_speed(audio, speed)
     return log_mel(samples, config).numpy(), len(samples) / config.sample_rate

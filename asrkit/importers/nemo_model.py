@@ -262,6 +262,25 @@ def _durations(nemo: dict, joint: _Section, source: str) -> tuple[int, ...]:
         raise UnsupportedNemoModel(f"{source}: TDT durations: {err}") from None
 
 
+# What an imported model is taken to have been trained on when its config does not say
+# (train_ds.max_duration): NeMo's FastConformer templates filter training audio to 20 s.
+NEMO_DEFAULT_MAX_SECONDS = 20.0
+
+
+def nemo_training_lengths(nemo: dict):
+    """The longest training utterance of a NeMo model: its `train_ds.max_duration`, else
+    `NEMO_DEFAULT_MAX_SECONDS`."""
+    from asrkit.experiment import TrainingLengths
+
+    value = (nemo.get("train_ds") or {}).get("max_duration")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return TrainingLengths(float(value), source="the NeMo config's train_ds.max_duration")
+    return TrainingLengths(
+        NEMO_DEFAULT_MAX_SECONDS,
+        source="not in the NeMo config (train_ds.max_duration): NeMo's templates' 20 s",
+    )
+
+
 def import_nemo(nemo_path: str | os.PathLike, exp_dir: str | os.PathLike) -> ImportSummary:
     """Reads, checks and converts a .nemo file into the experiment `exp_dir` (which must
     not exist or be empty)."""
@@ -274,7 +293,12 @@ def import_nemo(nemo_path: str | os.PathLike, exp_dir: str | os.PathLike) -> Imp
     # TensorFlow only once the archive and its config checked out.
     from asrkit.checkpoints import CheckpointManager, TrainState
     from asrkit.config import dump_config
-    from asrkit.experiment import CONFIG_FILE, TOKENIZER_DIR, build_network
+    from asrkit.experiment import (
+        CONFIG_FILE,
+        TOKENIZER_DIR,
+        build_network,
+        write_training_lengths,
+    )
     from asrkit.importers.nemo_tokenizer import convert_nemo_tokenizer
     from asrkit.importers.nemo_weights import assign_nemo_transducer, check_feature_buffers
 
@@ -294,6 +318,7 @@ def import_nemo(nemo_path: str | os.PathLike, exp_dir: str | os.PathLike) -> Imp
         network = build_network(plan.config, tokenizer.vocab_size)
         assign_nemo_transducer(network, weights, source)
         (tmp / CONFIG_FILE).write_text(dump_config(plan.config))
+        write_training_lengths(tmp, nemo_training_lengths(archive.config))
         CheckpointManager(tmp / "checkpoints").save(
             network, TrainState(epoch=0, micro_batches=0, updates=0)
         )

@@ -66,7 +66,13 @@ from asrkit.data.records import check_shards, shard_files
 from asrkit.decoding.runner import decode_shards
 from asrkit.decoding.search import DecodeOptions
 from asrkit.errors import UserError
-from asrkit.experiment import CONFIG_FILE, adopt_assets, resolve_assets
+from asrkit.experiment import (
+    CONFIG_FILE,
+    TrainingLengths,
+    adopt_assets,
+    resolve_assets,
+    write_training_lengths,
+)
 from asrkit.features import normalizer_for
 from asrkit.models.transducer import Transducer
 from asrkit.outputs import writable_directory
@@ -213,6 +219,7 @@ def train(
         state = _restore_or_init(task, run, init_from)
         state = _check_data_plan(state, data, run.log, new_epoch_order)
         _record_config(run)  # only now: a refused resume leaves the experiment as it was
+        _record_training_lengths(run, data)
         with _stop_on_signals(run.log) as stop:
             result = _run_epochs(task, run, data, state, stop)
         if not run.chief:
@@ -252,6 +259,20 @@ def _record_config(run: _Run) -> None:
     if run.chief:
         text = f"# asrkit {__version__}\n" + dump_config(run.recorded)
         (run.exp_dir / CONFIG_FILE).write_text(text)
+
+
+def _record_training_lengths(run: _Run, data: _TrainingData) -> None:
+    """The lengths of the utterances trained on (the training shards' usable records): what
+    `asrkit transcribe` keeps its windows within."""
+    if not run.chief or not len(data.frames):
+        return
+    features = run.config.features
+    seconds = data.frames * features.frame_step / features.sample_rate
+    write_training_lengths(run.exp_dir, TrainingLengths(
+        max_seconds=round(float(seconds.max()), 3),
+        median_seconds=round(float(np.median(seconds)), 3), utterances=len(seconds),
+        source=f"data.train_shards {run.config.data.train_shards}",
+    ))  # fmt: skip
 
 
 def _build(run: _Run, data: _TrainingData, strategy) -> TransducerTask:

@@ -9,7 +9,7 @@ import pytest
 import soundfile
 
 from asrkit.config import FeatureConfig
-from asrkit.decoding.long_audio import Windowing, cut_points, plan_windows
+from asrkit.decoding.long_audio import Windowing, cut_points, plan_windows, windowing_for
 from asrkit.decoding.search import Hypothesis
 from asrkit.decoding.transcribe import Decoded, transcribe_files
 from asrkit.decoding.words import Alignment, FrameClock, Word
@@ -102,6 +102,26 @@ def test_a_short_file_is_one_window_with_its_nbest(tmp_path):
     [found] = transcribe_files(BurstRecogniser(), [path])
     assert found.windows == 1 and len(found.nbest) == 1
     assert [w.text for w in found.words] == [f"W{level}" for _, level in truth]
+
+
+@pytest.mark.parametrize("trained", [2.5, 4.0, 12.0, 30.0])
+def test_the_default_window_fits_what_the_model_was_trained_on(trained):
+    """Segment + both contexts <= the longest training utterance, the context a tenth of
+    it (at most 1 s), and no warning; a longer window asked for is kept but warned about."""
+    windowing, caution = windowing_for(trained)
+    whole = windowing.max_seconds + 2 * windowing.context_seconds
+    assert whole == pytest.approx(trained) and caution is None
+    assert windowing.context_seconds == pytest.approx(min(1.0, trained / 10))
+    longer, caution = windowing_for(trained, max_seconds=trained, context_seconds=0.5)
+    assert longer.max_seconds == trained and f"({trained:.1f} s)" in caution
+    shorter, caution = windowing_for(trained, max_seconds=trained / 2, context_seconds=0.0)
+    assert shorter.max_seconds == trained / 2 and caution is None
+
+
+def test_without_a_record_the_window_is_30_seconds_with_1_second_of_context():
+    windowing, caution = windowing_for(None)
+    assert (windowing.max_seconds, windowing.context_seconds, caution) == (30.0, 1.0, None)
+    assert windowing_for(None, max_seconds=8.0)[0].search_seconds == 4.0
 
 
 def test_windowing_settings_are_checked():

@@ -6,6 +6,7 @@ and frames. asrkit computes its features from the audio itself."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import io
 import json
@@ -200,6 +201,23 @@ def test_an_unsupported_setting_is_refused_by_key_and_value_leaving_nothing(tmp_
         import_nemo(model, exp)
     assert key in str(error.value) and repr(value) in str(error.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["edited.nemo"]
+
+
+@pytest.mark.parametrize(("max_duration", "want"), [(16.7, 16.7), (None, 20.0)])
+def test_the_import_records_how_long_the_training_utterances_were(tmp_path, max_duration, want):
+    """NeMo's train_ds.max_duration (or, where the config has none, the stated 20 s of its
+    templates) becomes the experiment's training length: transcribe's windows fit it."""
+    from asrkit.cli.transcribe import _training_max_seconds
+    from asrkit.experiment import read_training_lengths
+
+    edit = _set("train_ds", {"max_duration": max_duration}) if max_duration else None
+    model = _rewrite(DATA / "rnnt.nemo", tmp_path / "edited.nemo", edit)
+    summary = import_nemo(model, tmp_path / "exp")
+    lengths = read_training_lengths(summary.exp_dir)
+    assert lengths.max_seconds == want
+    assert ("max_duration" in lengths.source) and (("20 s" in lengths.source) == (not max_duration))
+    args = argparse.Namespace(model=None, exp_dir=str(summary.exp_dir))
+    assert _training_max_seconds(args) == want
 
 
 def test_weights_that_do_not_fit_the_config_are_refused_leaving_nothing(tmp_path):

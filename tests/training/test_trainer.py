@@ -99,6 +99,15 @@ def test_training_learns_and_checkpoints(workdir, uninterrupted):
     for updates, wer in recorded.items():
         assert wer == pytest.approx(dev_points[updates], abs=1e-6)
     assert len(recorded) < len(states)  # checkpoint_every's mid-epoch ones have none
+    # The lengths trained on are recorded (what transcribe keeps its windows within).
+    from asrkit.data.records import shard_counts
+    from asrkit.experiment import read_training_lengths
+
+    lengths = read_training_lengths(workdir / "exp_a")
+    _, frames, _ = shard_counts(workdir / "shards" / "train")
+    assert lengths.utterances == len(frames)  # every record usable here
+    assert lengths.max_seconds == pytest.approx(frames.max() * 0.01, abs=1e-3)
+    assert lengths.median_seconds == pytest.approx(np.median(frames) * 0.01, abs=1e-3)
     assert (workdir / "exp_a" / "config.yaml").read_text().startswith("# asrkit")
     tags = set()
     for event_file in (workdir / "exp_a" / "tensorboard").glob("events.*"):
