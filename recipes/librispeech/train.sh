@@ -11,7 +11,8 @@
 #   0  check the layout (extract archives that are not extracted yet)
 #   1  prepare JSONL manifests (every utterance validated; problems listed by id)
 #   2  SentencePiece unigram tokenizer on the training text (--vocab, 1024 by default)
-#   3  features: log-mel to TFRecord shards, training data speed-perturbed (--speeds) + CMVN
+#   3  features: log-mel to TFRecord shards, training data speed-perturbed (--speeds), a
+#      third of its utterances joined with the next ones up to 30 s; + CMVN
 #   4  train (conf/conformer_s.yaml by default; --micro-batch-seconds fits the GPU, or
 #      --memory 12GiB first measures a per-bucket plan on the GPU (asrkit plan); the
 #      config's effective_batch_seconds fixes the update size: accumulation makes up the rest)
@@ -87,9 +88,11 @@ prepare() {
   mv data/train.jsonl.tmp data/train.jsonl
 }
 features() {
+  # A third of the utterances start a run of the chapter's next ones joined up to 30 s (no
+  # longer than LibriSpeech's own longest), so the model goes on past a sentence end.
   "$asrkit" features extract --manifest data/train.jsonl --tokenizer tokenizer \
     --out shards/train --shards "$train_shards" --speeds "$speeds" --workers "$(nproc)" \
-    --config "$config" "${sets[@]}"
+    --join-seconds 30 --join-share 0.3 --config "$config" "${sets[@]}"
   local part
   for part in "${scored[@]}"; do
     "$asrkit" features extract --manifest "data/$part.jsonl" --tokenizer tokenizer \

@@ -8,7 +8,8 @@
 #      installed with apt when run as root unless ASRKIT_NO_APT=1)
 #   1  prepare LibriSpeech-style manifests
 #   2  train a SentencePiece tokenizer
-#   3  extract features to TFRecord shards (+ global mean/variance statistics)
+#   3  extract features to TFRecord shards (+ global mean/variance statistics); half the
+#      training utterances joined with the speaker's next ones up to 12 s
 #   4  train
 #   5  decode test-clean (voices never heard in training) with the average of the last two
 #      checkpoints: beam search (4) and greedy, and score both
@@ -47,8 +48,11 @@ install_voices() {
 }
 features() {
   for part in train-clean-100 dev-clean test-clean; do
+    # training: half the utterances start a run of the speaker's next ones joined up to
+    # 12 s, so the model learns to go on past a sentence end (long recordings)
+    local join=(); [[ $part == train-* ]] && join=(--join-seconds 12 --join-share 0.5)
     "$asrkit" features extract --manifest "data/$part.jsonl" --tokenizer tokenizer \
-      --out "shards/${part%%-*}" --shards 8 --config "$config" "${sets[@]}"
+      --out "shards/${part%%-*}" --shards 8 --config "$config" "${join[@]}" "${sets[@]}"
   done
   "$asrkit" features cmvn --shards shards/train --out cmvn.json --config "$config" "${sets[@]}"
 }
