@@ -152,3 +152,16 @@ def test_bench_streaming_prints_every_runner(tiny_experiment):
         assert runner in out
     rows = re.findall(r"streaming \d+ ms, \S+ +([\d.]+)% +([\d.]+) +([\d.]+)", out)
     assert len(rows) == 6 and all(0 < float(rtf) < 10 for _, rtf, _ in rows)
+
+
+@pytest.mark.slow
+def test_bench_long_audio_prints_both_wers_and_the_spanning_words(tiny_experiment):
+    exp, manifest = tiny_experiment
+    out = _run(str(TOOLS / "bench_long_audio.py"), "--exp-dir", str(exp), "--manifest",
+               str(manifest), "--count", "4", "--average", "1", "--method", "greedy",
+               "--max-seconds", "6", "--context-seconds", "0.5")  # fmt: skip
+    assert "4 utterances" in out and "training lengths: not recorded" in out
+    per_sentence, long_file = _figures(r"(?:per sentence|long file) ([\d.]+) %", out)
+    assert 0 <= per_sentence <= 100 and 0 <= long_file <= 200
+    assert int(_figures(r"; (\d+) windows", out)[0]) >= 2  # 4 clips of ~3 s, 6 s segments
+    assert _figures(r"words spanning a pause > 1 s: (\d+)", out)[0] >= 0
