@@ -2,7 +2,8 @@
 
 Two signatures, the same graph:
 * `serving_default`: one mono float32 waveform at the model's sample rate (16 kHz by
-  default), any length.
+  default), any length: one longer than a window (the longest training utterance) is
+  decoded in windows, cut and joined as `asrkit transcribe` does, in bounded memory.
 * `serve_batch`: padded waveforms [N, S] and their lengths [N] (samples).
 Both return, per utterance, "text", "tokens" (int32, -1 past "token_counts"),
 "token_times" (seconds, from the emitting encoder frame), "score" (log-probability),
@@ -27,9 +28,11 @@ import tensorflow as tf
 
 from asrkit import __version__
 from asrkit.decoding.beam import live_slots
+from asrkit.decoding.long_audio import windowing_for
 from asrkit.decoding.search import DecodeOptions, describe, search
+from asrkit.decoding.windows_graph import graph_windows
 from asrkit.decoding.words import FrameClock, detokenize, timed_words
-from asrkit.experiment import load_experiment
+from asrkit.experiment import load_experiment, read_training_lengths
 from asrkit.features import MIN_FEATURE_FRAMES, log_mel_batch
 
 OUTPUTS = {
@@ -72,8 +75,13 @@ def export_model(
     mean = tf.constant(normalizer.mean if normalizer else 0.0, tf.float32)
     std = tf.constant(normalizer.std if normalizer else 1.0, tf.float32)
     clock = FrameClock.of(features, experiment.emission_delay, config.model.encoder)
+    rate = features.sample_rate
+    step = round(clock.period * rate)  # samples per encoder frame: windows start on one
+    trained = read_training_lengths(exp_dir)
+    windowing, _ = windowing_for(trained.max_seconds if trained else None)
 
-    def transcribe_batch(waveforms, lengths):
+    def decode_batch(waveforms, lengths):
+        """The search's result for padded waveforms [N, S] of `lengths` samples."""
         lengths = tf.cast(lengths, tf.int32)
         feats, frames = log_mel_batch(waveforms, lengths, features)  # [N, T, F], [N]
         feats = (feats - mean) / std
@@ -82,10 +90,11 @@ def export_model(
         mask = tf.range(tf.shape(feats)[1])[None, :] < frames[:, None]
         feats = tf.where(mask[:, :, None], feats, 0.0)  # as decoding pads a batch
         encoded, encoded_lengths = model.encode(feats, frames, training=False)
-        found = search(model, encoded, encoded_lengths, options)
-        best = [x[:, 0] for x in found]
-        tokens, token_frames, log_probs, counts, scores = best
-        alive = live_slots(found.scores)
+        return search(model, encoded, encoded_lengths, options)
+
+    def outputs(tokens, token_frames, log_probs, counts, scores, nbest):
+        """The signature's outputs of the best hypotheses [N, M] and the n-best lists."""
+        nbest_texts, nbest_scores, nbest_counts = nbest
         return {
             "text": detokenize(tokens, counts, pieces),
             "tokens": tokens,
@@ -94,16 +103,66 @@ def export_model(
             "token_frames": tf.where(tokens >= 0, token_frames, -1),
             "score": scores,
             **timed_words(tokens, token_frames, log_probs, counts, pieces, clock),
-            "nbest_texts": tf.where(alive, detokenize(found.tokens, found.counts, pieces), ""),
-            "nbest_scores": tf.where(alive, found.scores, 0.0),
-            "nbest_counts": tf.reduce_sum(tf.cast(alive, tf.int32), axis=1),
+            "nbest_texts": nbest_texts,
+            "nbest_scores": nbest_scores,
+            "nbest_counts": nbest_counts,
         }
+
+    def transcribe_batch(waveforms, lengths):
+        found = decode_batch(waveforms, lengths)
+        alive = live_slots(found.scores)
+        nbest = (
+            tf.where(alive, detokenize(found.tokens, found.counts, pieces), ""),
+            tf.where(alive, found.scores, 0.0),
+            tf.reduce_sum(tf.cast(alive, tf.int32), axis=1),
+        )
+        return outputs(*[x[:, 0] for x in found], nbest)
+
+    def transcribe_windows(waveform):
+        """A recording longer than a window: cut and joined as `asrkit transcribe` does
+        (`asrkit.decoding.windows_graph`), one window in memory at a time; the n-best list
+        holds the joined best only."""
+        starts, ends, keep_from, keep_to = graph_windows(waveform, rate, windowing, step)
+
+        def window(i, tokens, frames, log_probs, score):
+            found = decode_batch(waveform[starts[i] : ends[i]][None], (ends[i] - starts[i])[None])
+            best = [x[:, 0] for x in found]
+            words = timed_words(*best[:4], pieces, clock)
+            shift = tf.cast(starts[i], tf.float32) / rate
+            count = best[3][0]
+            owner = words["token_words"][0, :count]
+            start = tf.gather(words["word_starts"][0], tf.maximum(owner, 0)) + shift
+            kept = (owner >= 0) & (start >= keep_from[i]) & (start < keep_to[i])
+            return (
+                i + 1,
+                tf.concat([tokens, tf.boolean_mask(best[0][0, :count], kept)], 0),
+                tf.concat([frames, tf.boolean_mask(best[1][0, :count], kept) + starts[i] // step],
+                          0),
+                tf.concat([log_probs, tf.boolean_mask(best[2][0, :count], kept)], 0),
+                score + best[4][0],
+            )  # fmt: skip
+
+        empty = [tf.zeros([0], tf.int32), tf.zeros([0], tf.int32), tf.zeros([0], tf.float32)]
+        _, tokens, frames, log_probs, score = tf.while_loop(
+            lambda i, *_: i < tf.shape(starts)[0], window,
+            (tf.constant(0), *empty, tf.constant(0.0)),
+            shape_invariants=(tf.TensorShape([]), *[tf.TensorShape([None])] * 3,
+                              tf.TensorShape([])),
+        )  # fmt: skip
+        counts = tf.shape(tokens)[:1]
+        text = detokenize(tokens[None], counts, pieces)
+        return outputs(tokens[None], frames[None], log_probs[None], counts, score[None],
+                       (text[:, None], score[None, None], tf.ones([1], tf.int32)))  # fmt: skip
 
     def transcribe(waveform):
         length = tf.shape(waveform)[0]
-        one = {
-            key: value[0] for key, value in transcribe_batch(waveform[None], length[None]).items()
-        }
+        whole = length <= int(windowing.max_seconds * rate)
+        result = tf.cond(
+            whole,
+            lambda: transcribe_batch(waveform[None], length[None]),
+            lambda: transcribe_windows(waveform),
+        )
+        one = {key: value[0] for key, value in result.items()}
         # One utterance needs no padding: per-token and n-best outputs end at their counts
         # (the words already do: their width is this row's count).
         for key in ("tokens", "token_times", "token_frames", "token_words"):
@@ -144,17 +203,13 @@ def export_model(
         "experiment": str(Path(exp_dir).resolve()),
         # the longest utterance trained on: what `asrkit transcribe --model` keeps its
         # windows of long recordings within (null: not recorded)
-        "training_max_seconds": _training_max_seconds(exp_dir),
+        "training_max_seconds": trained.max_seconds if trained else None,
+        # serving_default decodes a longer waveform in windows of these (bounded memory)
+        "window_seconds": windowing.max_seconds,
+        "window_context_seconds": windowing.context_seconds,
     }
     (out / "asrkit_export.json").write_text(json.dumps(info, indent=2) + "\n")
     return out
-
-
-def _training_max_seconds(exp_dir) -> float | None:
-    from asrkit.experiment import read_training_lengths
-
-    lengths = read_training_lengths(exp_dir)
-    return lengths.max_seconds if lengths else None
 
 
 STREAM_OUTPUTS = {

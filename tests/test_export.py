@@ -11,6 +11,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from asrkit.audio import read_audio
 from asrkit.checkpoints import CheckpointManager, TrainState
@@ -593,3 +594,40 @@ def test_windows_fit_the_recorded_training_length_and_a_longer_one_warns(
             assert main(["transcribe", str(long_file), *source_args, "--format", "json",
                          "--max-seconds", "8"]) == 0  # fmt: skip
         assert json.loads(capsys.readouterr().out)["windows"] < result["windows"]
+
+
+def test_the_export_decodes_a_long_waveform_in_windows_as_transcribe_does(experiment, tmp_path):
+    """A model trained on utterances of up to 3 s, exported: serving_default cuts a longer
+    waveform at the same quiet points as `asrkit transcribe` and joins the same words (text,
+    word times, tokens), one window in memory at a time."""
+    import shutil
+
+    from asrkit.decoding.long_audio import windowing_for
+    from asrkit.decoding.transcribe import NetworkRecogniser, transcribe_files
+    from asrkit.experiment import TrainingLengths, write_training_lengths
+
+    _, source, utts = experiment
+    exp = tmp_path / "exp"
+    shutil.copytree(source, exp)
+    write_training_lengths(exp, TrainingLengths(3.0, source="a test"))
+    import soundfile
+
+    audio = np.concatenate([read_audio(u.audio_path) for u in utts[:4]])
+    long_file = tmp_path / "four.wav"
+    soundfile.write(long_file, audio, 16000)
+    out = export_model(exp, tmp_path / "saved")
+    info = json.loads((out / "asrkit_export.json").read_text())
+    assert info["window_seconds"] == pytest.approx(2.4)
+    assert info["window_context_seconds"] == pytest.approx(0.3)
+    got = tf.saved_model.load(str(out)).signatures["serving_default"](waveform=tf.constant(audio))
+    windowing, _ = windowing_for(3.0)
+    [want] = transcribe_files(NetworkRecogniser.of(load_experiment(exp)), [long_file],
+                              windowing=windowing)  # fmt: skip
+    assert want.windows >= 4 and len(want.words) > 10
+    assert got["text"].numpy().decode() == want.text
+    assert [w.decode() for w in got["words"].numpy()] == [w.text for w in want.words]
+    np.testing.assert_allclose(got["word_starts"].numpy(), [w.start for w in want.words],
+                               atol=1e-4)  # fmt: skip
+    assert got["tokens"].numpy().tolist() == want.hypothesis.tokens
+    assert float(got["score"]) == pytest.approx(want.hypothesis.score, rel=1e-4)
+    assert int(got["nbest_counts"]) == 1
