@@ -148,6 +148,7 @@ def export_model(
             (tf.constant(0), *empty, tf.constant(0.0)),
             shape_invariants=(tf.TensorShape([]), *[tf.TensorShape([None])] * 3,
                               tf.TensorShape([])),
+            parallel_iterations=1,  # one window in memory at a time (the default runs 10)
         )  # fmt: skip
         counts = tf.shape(tokens)[:1]
         text = detokenize(tokens[None], counts, pieces)

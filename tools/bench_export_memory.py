@@ -3,9 +3,10 @@
 For each length in `--minutes`, a fresh child process (plain TensorFlow: `tf.saved_model.
 load`, no asrkit) calls `serving_default` once on a waveform of that many minutes — the
 `--audio` clip repeated with a short pause between copies — and reports its peak resident
-memory (ru_maxrss), the windows the export cut it into (its `window_seconds`) and the wall
-time. A full-context model decoded whole needs memory growing with the square of the
-length; windowed, the peak stays flat after the first window.
+memory (ru_maxrss), that peak less the waveform's own two copies (the NumPy array and the
+input tensor: 8 bytes per sample), and the wall time. A full-context model decoded whole
+needs memory growing with the square of the length; windowed, the rest stays flat after the
+first window.
 
     python tools/bench_export_memory.py --model EXPORT --audio clip.flac [--minutes 1 5 10 30]
 """
@@ -39,6 +40,7 @@ def measure(request: dict) -> dict:
     out = serve(waveform=tf.constant(waveform))
     seconds = time.perf_counter() - started
     return {
+        "waveform_mib": waveform.nbytes / 2**20,
         "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "seconds": seconds,
         "words": int(out["word_counts"]),
@@ -58,13 +60,16 @@ def main(argv=None) -> int:
     info = json.loads((Path(args.model) / "asrkit_export.json").read_text())
     print(f"{args.model}: windows of {info.get('window_seconds')} s + "
           f"{info.get('window_context_seconds')} s context each side")  # fmt: skip
-    print(f"{'minutes':>8} {'peak MiB':>10} {'seconds':>9} {'words':>7}")
+    # the caller's waveform is held twice (NumPy and the input tensor): the rest is decoding
+    print(f"{'minutes':>8} {'peak MiB':>10} {'waveform MiB':>13} {'peak less 2 x waveform':>23} "
+          f"{'seconds':>9} {'words':>7}")  # fmt: skip
     for minutes in args.minutes:
         found = run_child(
             __file__, {"model": str(args.model), "audio": str(args.audio), "minutes": minutes}
         )
-        print(f"{minutes:8g} {found['peak_mib']:10.0f} {found['seconds']:9.1f} "
-              f"{found['words']:7d}", flush=True)  # fmt: skip
+        rest = found["peak_mib"] - 2 * found["waveform_mib"]
+        print(f"{minutes:8g} {found['peak_mib']:10.0f} {found['waveform_mib']:13.0f} {rest:23.0f} "
+              f"{found['seconds']:9.1f} {found['words']:7d}", flush=True)  # fmt: skip
     return 0
 
 

@@ -20,10 +20,7 @@ def graph_cut_points(samples, rate: int, windowing: Windowing) -> tf.Tensor:
     hop = max(1, int(ENERGY_HOP_SECONDS * rate))
     search = int(windowing.search_seconds * rate)
     width = max(1, round(windowing.smooth_seconds / ENERGY_HOP_SECONDS))
-    usable = total // hop * hop
-    power = tf.reduce_mean(
-        tf.reshape(tf.square(tf.cast(samples[:usable], tf.float64)), [-1, hop]), axis=1
-    )
+    power = _frame_power(samples, hop)
     # np.convolve(power, box, "same"): frame i averages power[i - w // 2 .. i + (w - 1) // 2]
     padded = tf.pad(power, [[width // 2 + 1, (width - 1) // 2]])
     running = tf.cumsum(padded)
@@ -45,6 +42,29 @@ def graph_cut_points(samples, rate: int, windowing: Windowing) -> tf.Tensor:
         more, next_cut, (tf.zeros([1], tf.int32),), shape_invariants=(tf.TensorShape([None]),)
     )
     return tf.concat([cuts, [total]], 0)
+
+
+# Frames whose energy is computed at once: the float64 copy of a whole recording would cost
+# 8 bytes per sample (230 MB for 30 minutes), a block of these 2.5 MB.
+POWER_BLOCK_FRAMES = 1000
+
+
+def _frame_power(samples, hop: int) -> tf.Tensor:
+    """float64 [F]: the mean square of each whole `hop`-sample frame, computed a block of
+    frames at a time (as `cut_points` computes it, in float64)."""
+    frames = tf.shape(samples)[0] // hop
+    blocks = (frames + POWER_BLOCK_FRAMES - 1) // POWER_BLOCK_FRAMES
+
+    def block(i, found):  # sliced from the samples a block at a time: no whole copy
+        first = i * POWER_BLOCK_FRAMES
+        last = tf.minimum(first + POWER_BLOCK_FRAMES, frames)
+        part = tf.reshape(samples[first * hop : last * hop], [-1, hop])
+        return i + 1, found.write(i, tf.reduce_mean(tf.square(tf.cast(part, tf.float64)), 1))
+
+    found = tf.TensorArray(tf.float64, size=blocks, infer_shape=False,
+                           element_shape=tf.TensorShape([None]))  # fmt: skip
+    _, found = tf.while_loop(lambda i, _: i < blocks, block, (0, found), parallel_iterations=1)
+    return tf.concat([found.concat(), tf.zeros([0], tf.float64)], 0)
 
 
 def graph_windows(samples, rate: int, windowing: Windowing, step: int):

@@ -2,6 +2,7 @@
 the one measuring environment and reports repeated figures one way; every living benchmark
 runs on tiny shapes and prints sane figures (slow)."""
 
+import json
 import re
 import runpy
 import subprocess
@@ -165,3 +166,18 @@ def test_bench_long_audio_prints_both_wers_and_the_spanning_words(tiny_experimen
     assert 0 <= per_sentence <= 100 and 0 <= long_file <= 200
     assert int(_figures(r"; (\d+) windows", out)[0]) >= 2  # 4 clips of ~3 s, 6 s segments
     assert _figures(r"words spanning a pause > 1 s: (\d+)", out)[0] >= 0
+
+
+@pytest.mark.slow
+def test_bench_export_memory_prints_the_peak_per_length(tiny_experiment, tmp_path):
+    from asrkit.export import export_model
+
+    exp, manifest = tiny_experiment
+    saved = export_model(exp, tmp_path / "saved")
+    clip = json.loads(manifest.read_text().splitlines()[0])["audio_path"]
+    out = _run(str(TOOLS / "bench_export_memory.py"), "--model", str(saved), "--audio", clip,
+               "--minutes", "0.1", "0.6")  # fmt: skip
+    rows = re.findall(r"^ +([\d.]+) +(\d+) +(\d+) +(-?\d+) +([\d.]+) +(\d+)$", out, re.M)
+    assert [float(r[0]) for r in rows] == [0.1, 0.6], out
+    assert all(100 < int(r[1]) < 8000 for r in rows)  # MiB: a TensorFlow process
+    assert "windows of 30.0 s" in out  # no training lengths recorded: transcribe's 30 s
