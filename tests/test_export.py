@@ -208,31 +208,32 @@ def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp
             assert batch[key][row][:width] == pytest.approx(one[key], abs=1e-5)
 
 
-def test_calibrate_stores_the_delay_transcribe_then_subtracts(experiment, tmp_path):
-    """`asrkit calibrate` (run from another directory) writes the delay measured here;
-    the experiment then loads it and its words move earlier by exactly that much."""
+def test_calibrate_refuses_an_untimed_model_and_a_stored_delay_is_subtracted(experiment, tmp_path):
+    """`asrkit calibrate` (run from another directory) on this untrained model, whose first
+    words land before the speech: one line, exit 2, nothing stored. A stored delay is then
+    loaded with the experiment and its words move earlier by exactly that much."""
     import shutil
 
-    from asrkit.decoding.onset import measure_emission_delay
+    from asrkit.decoding.onset import ImplausibleDelay, measure_emission_delay
 
     work, exp, utts = experiment
     exp = shutil.copytree(exp, tmp_path / "exp")
     paths = [u.audio_path for u in utts]
     plain = load_experiment(exp)
     assert plain.emission_delay == 0.0
-    expected = measure_emission_delay(NetworkRecogniser.of(plain), paths)
+    with pytest.raises(ImplausibleDelay, match="before the speech begins"):
+        measure_emission_delay(NetworkRecogniser.of(plain), paths)
     asrkit = Path(sys.executable).parent / "asrkit"
     run = subprocess.run(
         [str(asrkit), "calibrate", "--exp-dir", str(exp), "--manifest",
          str(work / "data" / "test-real.jsonl")],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    record = json.loads((exp / "timing.json").read_text())
-    assert record["emission_delay_seconds"] == pytest.approx(expected.seconds, abs=1e-4)
-    assert record["utterances"] == expected.utterances == len(utts)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "before the speech begins" in run.stderr and not (exp / "timing.json").exists()
+    write_timing(exp, {"emission_delay_seconds": 0.08})
     calibrated = load_experiment(exp)
-    assert calibrated.emission_delay == record["emission_delay_seconds"]
+    assert calibrated.emission_delay == 0.08
     before = transcribe_files(NetworkRecogniser.of(plain), paths)
     after = transcribe_files(NetworkRecogniser.of(calibrated), paths)
     for one, two in zip(before, after, strict=True):
