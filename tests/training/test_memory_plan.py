@@ -291,10 +291,15 @@ def test_a_measured_plan_keeps_its_promise(corpus):
     from asrkit.training.memory_plan import DEFAULT_MARGIN
 
     # a large effective batch: memory, not one update's audio, bounds every micro-batch
-    config = config_in(corpus, "model.encoder.kind=conformer", "model.encoder.d_model=32",
-                       "model.encoder.num_blocks=2", "model.encoder.num_heads=2",
-                       "model.predictor.kind=stateless",
-                       "train.effective_batch_seconds=3600")  # fmt: skip
+    conformer = CONFIG.replace(
+        "{kind: lstm, lstm_units: 16, lstm_layers: 1, subsampling_filters: 8, dropout: 0.1}",
+        "{kind: conformer, d_model: 32, num_blocks: 2, num_heads: 2, subsampling_filters: 8,\n"
+        "            dropout: 0.1}",
+    )
+    assert "kind: conformer" in conformer
+    (corpus / "conformer.yaml").write_text(conformer)
+    overrides = ["model.predictor.kind=stateless", "train.effective_batch_seconds=3600"]
+    config = load_config(corpus / "conformer.yaml", overrides)
     rng = np.random.default_rng(0)
     frames = rng.integers(100, 900, size=300)
     tokens = frames // 12 + rng.integers(0, 8, size=300)

@@ -43,11 +43,20 @@ train:
   keep_checkpoints: 100
   probe_memory: false  # the probe has its own tests (test_probe)
 """
+# The same with a small Conformer (the encoder keys of one kind only: switching the kind
+# with --set on a config that holds LSTM keys is an error naming them).
+CONFORMER_CONFIG = CONFIG.replace(
+    "{kind: lstm, lstm_units: 24, lstm_layers: 1, subsampling_filters: 8, dropout: 0.1}",
+    "{kind: conformer, d_model: 16, num_blocks: 1, num_heads: 2, kernel_size: 5,\n"
+    "            subsampling_filters: 8, dropout: 0.1}",
+)
+assert "kind: conformer" in CONFORMER_CONFIG
 
 
 @pytest.fixture(scope="module")
 def workdir(workdir):
     (workdir / "conf.yaml").write_text(CONFIG)
+    (workdir / "conformer.yaml").write_text(CONFORMER_CONFIG)
     return workdir
 
 
@@ -476,13 +485,13 @@ def test_a_retrained_tokenizer_cannot_silently_change_an_experiment(workdir, tmp
         adopt_assets(config, tmp_path / "exp")
 
 
-def _verify(workdir, *overrides):
+def _verify(workdir, *overrides, config="conf.yaml"):
     from asrkit.training.verify import verify_accumulation
 
     cwd = os.getcwd()
     os.chdir(workdir)
     try:
-        return verify_accumulation(load_config(workdir / "conf.yaml", list(overrides)), steps=3)
+        return verify_accumulation(load_config(workdir / config, list(overrides)), steps=3)
     finally:
         os.chdir(cwd)
         import keras
@@ -525,11 +534,8 @@ def test_verify_accumulation_passes_on_the_real_transducer_with_a_delay_penalty(
 @pytest.mark.slow
 def test_verify_accumulation_catches_batch_norm(workdir):
     # BatchNorm normalises each micro-batch with its own statistics: not the union's update.
-    conformer = ["model.encoder.kind=conformer", "model.encoder.d_model=16",
-                 "model.encoder.num_blocks=1", "model.encoder.num_heads=2",
-                 "model.encoder.kernel_size=5", "model.encoder.subsampling_filters=8"]  # fmt: skip
-    assert _verify(workdir, *conformer).passed
-    assert not _verify(workdir, *conformer, "model.encoder.conv_norm=batch").passed
+    assert _verify(workdir, config="conformer.yaml").passed
+    assert not _verify(workdir, "model.encoder.conv_norm=batch", config="conformer.yaml").passed
 
 
 @pytest.mark.slow
@@ -664,11 +670,6 @@ def test_verify_accumulation_passes_with_an_auxiliary_ctc_loss(workdir):
     assert report.passed and report.max_relative_difference < 1e-5
 
 
-SMALL_CONFORMER = ("model.encoder.kind=conformer", "model.encoder.d_model=16",
-                   "model.encoder.num_blocks=1", "model.encoder.num_heads=2",
-                   "model.encoder.kernel_size=5", "model.encoder.chunk_frames=4")  # fmt: skip
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "chunks", ["model.encoder.left_chunks=1", "model.encoder.dynamic_chunks=5"]
@@ -680,7 +681,7 @@ def test_verify_accumulation_passes_with_a_chunked_conformer(workdir, chunks):
     from asrkit.models.conformer import dynamic_chunk_frames
 
     assert int(dynamic_chunk_frames(0, 5)) == 4
-    report = _verify(workdir, *SMALL_CONFORMER, chunks)
+    report = _verify(workdir, "model.encoder.chunk_frames=4", chunks, config="conformer.yaml")
     assert report.passed and report.max_relative_difference < 1e-5
 
 
