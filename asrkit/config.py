@@ -178,6 +178,18 @@ class EncoderConfig:
             skipped.add("batch_norm_momentum")
         return tuple(f.name for f in dataclasses.fields(self) if f.name not in skipped)
 
+    def not_applicable(self, key: str) -> str:
+        """Why `key` is an error for this encoder, in words that say what to do."""
+        if self.kind == "lstm":
+            why = f"a Conformer setting; kind lstm reads {', '.join(LSTM_ENCODER_KEYS[1:])}"
+        elif key in STREAMING_KEYS:
+            why = "a streaming setting: it needs model.encoder.chunk_frames > 0"
+        elif key == "batch_norm_momentum":
+            why = "a BatchNorm setting: it needs model.encoder.conv_norm batch or frozen_batch"
+        else:
+            why = "an LSTM setting: it needs model.encoder.kind lstm"
+        return f"model.encoder.{key} does not apply to this encoder ({why})"
+
     def __post_init__(self):
         _one_of(self, "model.encoder", kind=ENCODERS, subsampling=SUBSAMPLINGS,
                 attention=ATTENTIONS, final_norm=FINAL_NORMS, conv_norm=CONV_NORMS,
@@ -220,19 +232,7 @@ class EncoderConfig:
         applicable = self.applicable_keys()
         for field in dataclasses.fields(self):
             if field.name not in applicable and getattr(self, field.name) != field.default:
-                raise ValueError(_not_applicable(self, field.name))
-
-
-def _not_applicable(config: EncoderConfig, key: str) -> str:
-    if config.kind == "lstm":
-        why = f"a Conformer setting; kind lstm reads {', '.join(LSTM_ENCODER_KEYS[1:])}"
-    elif key in STREAMING_KEYS:
-        why = "a streaming setting: it needs model.encoder.chunk_frames > 0"
-    elif key == "batch_norm_momentum":
-        why = "a BatchNorm setting: it needs model.encoder.conv_norm batch or frozen_batch"
-    else:
-        why = "an LSTM setting: it needs model.encoder.kind lstm"
-    return f"model.encoder.{key} does not apply to this encoder ({why})"
+                raise ValueError(self.not_applicable(field.name))
 
 
 @dataclass(frozen=True)
@@ -477,10 +477,12 @@ def build_config(cls, data: dict, section: str = ""):
         built = cls(**values)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if isinstance(built, EncoderConfig):  # a key of another kind, even at its default
+    # A section whose keys depend on its kind (model.encoder) refuses a key of another
+    # kind even at its default value.
+    if hasattr(built, "applicable_keys"):
         for key in data:
             if key not in built.applicable_keys():
-                raise ConfigError(_not_applicable(built, key))
+                raise ConfigError(built.not_applicable(key))
     return built
 
 

@@ -126,21 +126,24 @@ def export_model(
 
         def window(i, tokens, frames, log_probs, score):
             found = decode_batch(waveform[starts[i] : ends[i]][None], (ends[i] - starts[i])[None])
-            best = [x[:, 0] for x in found]
+            best = [x[:, 0] for x in found]  # tokens, frames, log-probs [1, M], count, score
             words = timed_words(*best[:4], pieces, clock)
-            shift = tf.cast(starts[i], tf.float32) / rate
             count = best[3][0]
             owner = words["token_words"][0, :count]
+            shift = tf.cast(starts[i], tf.float32) / rate
             start = tf.gather(words["word_starts"][0], tf.maximum(owner, 0)) + shift
             kept = (owner >= 0) & (start >= keep_from[i]) & (start < keep_to[i])
+
+            def kept_of(values):
+                return tf.boolean_mask(values[0, :count], kept)
+
             return (
                 i + 1,
-                tf.concat([tokens, tf.boolean_mask(best[0][0, :count], kept)], 0),
-                tf.concat([frames, tf.boolean_mask(best[1][0, :count], kept) + starts[i] // step],
-                          0),
-                tf.concat([log_probs, tf.boolean_mask(best[2][0, :count], kept)], 0),
+                tf.concat([tokens, kept_of(best[0])], 0),
+                tf.concat([frames, kept_of(best[1]) + starts[i] // step], 0),
+                tf.concat([log_probs, kept_of(best[2])], 0),
                 score + best[4][0],
-            )  # fmt: skip
+            )
 
         empty = [tf.zeros([0], tf.int32), tf.zeros([0], tf.int32), tf.zeros([0], tf.float32)]
         _, tokens, frames, log_probs, score = tf.while_loop(
@@ -196,6 +199,8 @@ def export_model(
         },
         "outputs": OUTPUTS,
         "decoding": describe(options),
+        # the most hypotheses the n-best list holds (transcribe --nbest checks it)
+        "hypotheses": options.beam if options.method == "beam" else 1,
         # token_times = max(0, frame_offset - emission_delay + frame * frame_period)
         "frame_period": clock.period,
         "frame_offset": clock.offset,

@@ -41,11 +41,13 @@ def search_options(args: argparse.Namespace, max_symbols_per_step: int):
     return DecodeOptions(args.method, args.beam, max_symbols_per_step)
 
 
-def experiment_or_config(config: str | None, exp_dir: str, overrides: list[str]):
+def experiment_or_config(
+    config: str | None, exp_dir: str, overrides: list[str], new_from_defaults: bool = False
+):
     """The config a command that trains or plans into `exp_dir` works with: `config` if
     given; else, for an existing experiment, the config it recorded (its tokenizer, CMVN
     and plan inside it; a path given in `overrides` is this directory's). A new
-    experiment needs `config`."""
+    experiment needs `config`, unless `new_from_defaults` (the built-in defaults)."""
     from asrkit.config import load_config
     from asrkit.errors import InputError
     from asrkit.experiment import CONFIG_FILE, load_experiment_config
@@ -53,6 +55,8 @@ def experiment_or_config(config: str | None, exp_dir: str, overrides: list[str])
     recorded = Path(exp_dir) / CONFIG_FILE
     if config is not None and Path(config).resolve() == recorded.resolve():
         config = None  # the experiment's own record: its paths are relative to it
+    if config is None and not recorded.is_file() and new_from_defaults:
+        return load_config(None, overrides)
     if config is None:
         if not recorded.is_file():
             raise InputError(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -27,12 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.outputs import writable_directory
 
     overrides = [*args.overrides, *([f"data.plan={args.plan}"] if args.plan else [])]
-    if args.config is None and not (Path(args.exp_dir) / "config.yaml").is_file():
-        from asrkit.config import load_config
-
-        config = load_config(None, overrides)  # a new experiment of the defaults
-    else:
-        config = experiment_or_config(args.config, args.exp_dir, overrides)
+    config = experiment_or_config(args.config, args.exp_dir, overrides, new_from_defaults=True)
     writable_directory(args.exp_dir, "--exp-dir")
     from asrkit.training.trainer import train  # TensorFlow: only once the arguments are good
 

@@ -120,17 +120,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_info(model: str) -> dict:
+    """An export's asrkit_export.json, read before anything loads ({} if it has none:
+    loading it then names the problem)."""
+    import json
+
+    try:
+        return json.loads((Path(model) / "asrkit_export.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def _training_max_seconds(args) -> float | None:
     """The longest utterance the model was trained on, as its experiment or export records
     it (None: not recorded)."""
     if args.model:
-        import json
-
-        try:
-            info = json.loads((Path(args.model) / "asrkit_export.json").read_text())
-        except (OSError, ValueError):
-            return None  # not an asrkit export: loading it names the problem
-        return info.get("training_max_seconds")
+        return _export_info(args.model).get("training_max_seconds")
     from asrkit.experiment import read_training_lengths
 
     lengths = read_training_lengths(args.exp_dir)
@@ -171,20 +176,14 @@ def _experiment_recogniser(args):
 
 
 def _check_export_finds(model: str, nbest: int) -> None:
-    """An export's built-in search (its asrkit_export.json) must find `nbest` hypotheses."""
-    import json
-    import re
-
-    try:
-        decoding = json.loads((Path(model) / "asrkit_export.json").read_text())["decoding"]
-    except (OSError, ValueError, KeyError):
-        return  # not an asrkit export: loading it names the problem
-    found = re.search(r"beam (\d+)", decoding)
-    beam = found.group(1) if found else "1"
-    if int(beam) < nbest:
+    """An export's built-in search must find `nbest` hypotheses."""
+    info = _export_info(model)
+    found = info.get("hypotheses")
+    if found is not None and found < nbest:
+        search = str(info.get("decoding", "its search")).split(",")[0]
         raise InputError(
-            f"--nbest {nbest}: {model} was exported with {decoding.split(',')[0]}, which finds "
-            f"at most {beam} hypotheses; export with --method beam --beam {nbest}"
+            f"--nbest {nbest}: {model} was exported with {search}, which finds at most "
+            f"{found} hypotheses; export with --method beam --beam {nbest}"
         )
 
 

@@ -111,7 +111,6 @@ class SavedModelRecogniser:
                 "without the batched signature; export it again with this version"
             )
         self.sample_rate = int(info["sample_rate"])
-        self.training_max_seconds = info.get("training_max_seconds")
         self.clock = FrameClock(
             info["frame_period"], info["frame_offset"], info.get("emission_delay", 0.0)
         )

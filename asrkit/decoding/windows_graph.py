@@ -64,7 +64,7 @@ def _frame_power(samples, hop: int) -> tf.Tensor:
     found = tf.TensorArray(tf.float64, size=blocks, infer_shape=False,
                            element_shape=tf.TensorShape([None]))  # fmt: skip
     _, found = tf.while_loop(lambda i, _: i < blocks, block, (0, found), parallel_iterations=1)
-    return tf.concat([found.concat(), tf.zeros([0], tf.float64)], 0)
+    return found.concat()
 
 
 def graph_windows(samples, rate: int, windowing: Windowing, step: int):

@@ -263,15 +263,15 @@ class ConformerEncoder(Encoder):
     def output_dim(self) -> int:
         return self.d_model
 
-    def _embed(self, features, feature_lengths):
-        """Subsampled frames, scaled by sqrt(d_model) under xscaling."""
-        x, lengths = self.subsampling(features, feature_lengths)
-        return (x * math.sqrt(self.d_model) if self.xscaling else x), lengths
+    def _scaled(self, x):
+        """Subsampled frames x sqrt(d_model) under xscaling (NeMo's Conformer)."""
+        return x * math.sqrt(self.d_model) if self.xscaling else x
 
     def call(self, features, feature_lengths, training=False, chunk_frames=None):
         """`chunk_frames`: a scalar tensor that replaces the configured chunk size for this
         call (0: full context) — dynamic chunk training draws one per update."""
-        x, lengths = self._embed(features, feature_lengths)
+        x, lengths = self.subsampling(features, feature_lengths)
+        x = self._scaled(x)
         allowed = chunk = None
         positions = tf.range(tf.shape(x)[1])
         if chunk_frames is not None:
@@ -316,8 +316,7 @@ class ConformerEncoder(Encoder):
         attend to each other, so none leaves before its chunk is whole: `finish_stream`
         encodes the last, partial one."""
         pending, offset, blocks = state
-        x = subsample_piece(self.subsampling, features)
-        x = tf.concat([pending, x * math.sqrt(self.d_model) if self.xscaling else x], axis=1)
+        x = tf.concat([pending, self._scaled(subsample_piece(self.subsampling, features))], 1)
         ready = tf.shape(x)[1] // self.chunk_frames * self.chunk_frames
         out, state = self._stream_blocks(x[:, :ready], offset, blocks)
         return out, (x[:, ready:], *state)
