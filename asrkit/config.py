@@ -90,7 +90,10 @@ ENCODERS = ("conformer", "lstm")
 ATTENTIONS = ("rotary", "relative")  # see model.encoder.attention
 SUBSAMPLINGS = ("valid", "striding", "dw_striding")  # see model.encoder.subsampling
 JOINT_ACTIVATIONS = ("tanh", "relu")
-NORMALIZERS = ("tokens", "utterances")
+# What a window's summed loss is divided by (NeMo's reduction in brackets): its tokens
+# (mean_volume), its utterances (mean_batch), or its utterances after each utterance's
+# loss is divided by its own tokens (mean).
+NORMALIZERS = ("tokens", "utterances", "utterance_tokens")
 LOSSES = ("full", "pruned", "tdt")
 PREDICTORS = ("lstm", "stateless")
 FINAL_NORMS = ("block", "encoder", "none")  # see model.encoder.final_norm
@@ -265,6 +268,9 @@ class ModelConfig:
     # TDT (token-and-duration transducer): the frames an emission may skip; the joint then
     # also predicts one of them per emission. Empty: a plain RNN-T joint.
     durations: tuple[int, ...] = ()
+    # A CTC head on the encoder (a linear layer to the vocabulary, blank shared): trained
+    # with loss.ctc_weight, decoded with `--method ctc` (a hybrid CTC/transducer model).
+    ctc_head: bool = False
 
     def __post_init__(self):
         _at_least(self, "model", joint_dim=1)
@@ -289,7 +295,10 @@ class LossConfig:
     # full joint runs only there; "tdt": the token-and-duration transducer loss of a joint
     # with `model.durations` (see sigma and omega).
     kind: str = "full"  # full | pruned | tdt
-    normalize_by: str = "tokens"  # tokens | utterances: what the loss is averaged over
+    # What the window's summed loss is divided by, over all its micro-batches and replicas:
+    # tokens | utterances | utterance_tokens (each utterance's loss over its own tokens,
+    # then averaged over utterances).
+    normalize_by: str = "tokens"
     # The joint's output layer fused with the loss, chunk by chunk (never the whole
     # [B, T, U+1, V]); false: logits first, then the loss (the reference path).
     fused: bool = True
@@ -306,10 +315,15 @@ class LossConfig:
     # k2/icefall's delay penalty λ: a label emitted at frame t scores λ·((T−1)/2 − t) more,
     # so the model learns to emit earlier (word times, latency; at some WER). Full loss only.
     delay_penalty: float = 0.0
-    # Auxiliary CTC loss on the encoder (a linear head to the vocabulary, blank shared):
-    # each utterance's loss is its transducer loss + ctc_weight × its CTC loss. 0 = none
-    # (and no head). Training only: decoding, export and the dev WER use the transducer.
+    # The CTC loss of the network's CTC head (model.ctc_head): each utterance's loss is its
+    # transducer loss + ctc_weight × its CTC loss, or with ctc_interpolate (NeMo's hybrid
+    # models) (1 − ctc_weight) × transducer + ctc_weight × CTC. 0 = the head is not trained.
     ctc_weight: float = 0.0
+    ctc_interpolate: bool = False
+    # FastEmit (Yu et al. 2021, as NeMo computes it): the gradient of every label emission
+    # is scaled by 1 + fastemit_lambda (blanks' are not), the loss reported is
+    # (1 + fastemit_lambda) × −log P(y|x). Full RNN-T loss only.
+    fastemit_lambda: float = 0.0
     # tdt: sigma is subtracted from every token log-prob (logit under-normalisation, the
     # paper's and NeMo's); with probability omega an update trains with the RNN-T loss of
     # the token logits instead (drawn per optimizer update).
@@ -323,6 +337,17 @@ class LossConfig:
         _one_of(self, "loss", kind=LOSSES)
         if self.ctc_weight < 0:
             raise ValueError(f"loss.ctc_weight must be >= 0, got {self.ctc_weight}")
+        if self.ctc_interpolate and self.ctc_weight > 1:
+            raise ValueError(
+                f"loss.ctc_weight must be <= 1 with loss.ctc_interpolate, got {self.ctc_weight}"
+            )
+        if self.fastemit_lambda < 0:
+            raise ValueError(f"loss.fastemit_lambda must be >= 0, got {self.fastemit_lambda}")
+        if self.fastemit_lambda and self.kind != "full":
+            raise ValueError(
+                "loss.fastemit_lambda works with loss.kind=full only (not with "
+                f"{self.kind!r})"
+            )
         for key in ("simple_scale", "lm_only_scale", "am_only_scale"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ValueError(f"loss.{key} must be in [0, 1], got {getattr(self, key)}")
@@ -438,6 +463,11 @@ class ExperimentConfig:
                 "a TDT model (model.durations) trains with loss.kind: tdt, and loss.kind: tdt "
                 f"needs model.durations; got model.durations {list(self.model.durations)} "
                 f"with loss.kind {self.loss.kind!r}"
+            )
+        if self.loss.ctc_weight > 0 and not self.model.ctc_head:
+            raise ValueError(
+                f"loss.ctc_weight {self.loss.ctc_weight} trains the CTC head: set "
+                "model.ctc_head: true (or loss.ctc_weight: 0)"
             )
         if self.train.keep_best and not self.data.dev_shards:
             raise ValueError(

@@ -53,6 +53,7 @@ def fused_rnnt_loss(
     chunk_frames: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     delay_penalty: float = 0.0,
+    fastemit_lambda: float = 0.0,
     activation: str = "tanh",
 ) -> tf.Tensor:
     """Per-utterance RNN-T loss [B] (float32) of the joint `act(e + p) @ kernel + bias`
@@ -62,7 +63,8 @@ def fused_rnnt_loss(
       encoder_hidden: [B, T, H] projected encoder frames (the joint's encoder projection).
       predictor_hidden: [B, U+1, H] projected predictor states.
       kernel: [H, V] output layer kernel; bias: [V] or None.
-      labels, logit_lengths, label_lengths, blank, delay_penalty: as for `rnnt_loss`.
+      labels, logit_lengths, label_lengths, blank, delay_penalty, fastemit_lambda: as for
+        `rnnt_loss`.
       chunk_frames: frames per chunk; default: as many as fit `chunk_bytes` of float32
         chunk temporaries (at least 1).
     """
@@ -84,7 +86,7 @@ def fused_rnnt_loss(
     )  # fmt: skip
     return _loss(
         encoder_hidden, predictor_hidden, kernel, bias, labels, logit_lengths, label_lengths,
-        int(blank), chunk, float(delay_penalty), activation,
+        int(blank), chunk, float(delay_penalty), activation, float(fastemit_lambda),
     )  # fmt: skip
 
 
@@ -96,7 +98,10 @@ def _chunk_logits(enc_chunks, pred, kernel, bias, i, activation):
     return joint_cells(enc_c[:, :, None, :] + pred[:, None, :, :], kernel, bias, activation)
 
 
-def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, chunk, delay, act):
+def _loss(
+    enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, chunk, delay, act,
+    fastemit=0.0,
+):
     @tf.custom_gradient
     def core(enc, pred, kernel, bias):
         enc_s, pred_s = tf.stop_gradient(enc), tf.stop_gradient(pred)
@@ -118,9 +123,9 @@ def _loss(enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, 
 
         def grad(upstream):
             return _backward(padded, chunks, pred_s, kernel_s, bias_s, upstream, saved,
-                             blank, chunk, frames, act)  # fmt: skip
+                             blank, chunk, frames, act, 1.0 + fastemit)  # fmt: skip
 
-        return -log_prob, grad
+        return -(1.0 + fastemit) * log_prob, grad
 
     return core(enc, pred, kernel, bias)
 
@@ -140,8 +145,11 @@ def _forward_chunks(padded, chunks, pred, kernel, bias, next_label, blank, chunk
 
 
 @functools.partial(tf.function, reduce_retracing=True, autograph=False)
-def _backward(padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk, frames, act):
-    post_blank, post_label = posteriors(saved, upstream, frames)  # [B, T, U+1]
+def _backward(
+    padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk, frames, act,
+    label_scale=1.0,
+):
+    post_blank, post_label = posteriors(saved, upstream, frames, label_scale)  # [B, T, U+1]
     post_blank, post_label, lse = (in_chunks(x, chunk)[0]
                                    for x in (post_blank, post_label, saved.lse))  # fmt: skip
     labels = saved.next_label[:, None]  # [B, 1, U+1]

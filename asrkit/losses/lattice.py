@@ -142,8 +142,9 @@ class Lattice(NamedTuple):
     terminal: tf.Tensor  # [T+U, B, U+1] bool
 
 
-def posteriors(saved: Lattice, upstream, frames):
-    """upstream_b · the posterior of every blank and label edge, [B, T, U+1] each."""
+def posteriors(saved: Lattice, upstream, frames, label_scale: float = 1.0):
+    """upstream_b · the posterior of every blank and label edge, [B, T, U+1] each; the label
+    edges' times `label_scale` (FastEmit's 1 + λ)."""
     upstream = tf.cast(upstream, tf.float32)
     beta_next = tf.concat([saved.beta[1:], tf.fill(tf.shape(saved.beta[:1]), LOG_ZERO)], axis=0)
     # Fold |upstream| into the exponent so scaling costs no extra [B,T,U+1] pass.
@@ -152,4 +153,6 @@ def posteriors(saved: Lattice, upstream, frames):
     alpha = saved.alpha
     post_blank = tf.exp(alpha + saved.blank_d + tf.where(saved.terminal, 0.0, beta_next) - norm)
     post_label = tf.exp(alpha + saved.label_d + shift_down(beta_next) - norm)
+    if label_scale != 1.0:
+        post_label = post_label * label_scale
     return unskew(post_blank, frames) * sign, unskew(post_label, frames) * sign

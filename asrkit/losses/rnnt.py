@@ -46,9 +46,12 @@ def rnnt_loss(
     blank: int = 0,
     fused_log_softmax: bool = True,
     delay_penalty: float = 0.0,
+    fastemit_lambda: float = 0.0,
 ) -> tf.Tensor:
     """Per-utterance RNN-T loss −log P(y|x) (with `delay_penalty` > 0: of the
-    delay-penalized lattice, see `mask_emissions`).
+    delay-penalized lattice, see `mask_emissions`; with `fastemit_lambda` λ > 0: FastEmit
+    as NeMo computes it, (1 + λ) · −log P(y|x) with every label edge's gradient scaled by
+    1 + λ and every blank edge's kept).
 
     Args:
       logits: [B, T, U+1, V] joint output, any float dtype (maths runs in float32).
@@ -78,7 +81,7 @@ def rnnt_loss(
         logits = tf.identity(logits)
     return _rnnt_loss_with_grad(
         logits, labels, logit_lengths, label_lengths, blank, bool(fused_log_softmax),
-        float(delay_penalty),
+        float(delay_penalty), float(fastemit_lambda),
     )  # fmt: skip
 
 
@@ -163,7 +166,9 @@ def _emission_log_probs(x, labels, logit_lengths, label_lengths, blank, fused, d
     return log_blank, log_label, next_label, lse
 
 
-def _rnnt_loss_with_grad(logits, labels, logit_lengths, label_lengths, blank, fused, delay):
+def _rnnt_loss_with_grad(
+    logits, labels, logit_lengths, label_lengths, blank, fused, delay, fastemit=0.0
+):
     @tf.custom_gradient
     def core(logits):
         # stop_gradient: the tape must not differentiate through the compiled forward.
@@ -175,9 +180,9 @@ def _rnnt_loss_with_grad(logits, labels, logit_lengths, label_lengths, blank, fu
             # TDT loss' omega draw) the compiled backward cannot capture the forward
             # branch's tensors itself ("Could not find external tensor capture").
             here = tf.nest.map_structure(lambda t: None if t is None else tf.identity(t), saved)
-            return _backward(tf.identity(x), upstream, here, blank, fused)
+            return _backward(tf.identity(x), upstream, here, blank, fused, 1.0 + fastemit)
 
-        return -saved.log_prob, grad
+        return -(1.0 + fastemit) * saved.log_prob, grad
 
     return core(logits)
 
@@ -198,9 +203,9 @@ def _forward(logits, labels, logit_lengths, label_lengths, blank, fused, delay=0
 # fuses the whole [B, T, U+1, V] expression into one pass. It holds no loop, so compiling
 # it for a new shape is cheap.
 @functools.partial(tf.function, jit_compile=True, reduce_retracing=True, autograph=False)
-def _backward(logits, upstream, saved: Lattice, blank, fused):
+def _backward(logits, upstream, saved: Lattice, blank, fused, label_scale=1.0):
     """d(Σ_b upstream_b · loss_b)/d logits = upstream_b · (softmax · occupancy − posteriors)."""
-    post_blank, post_label = posteriors(saved, upstream, tf.shape(logits)[1])
+    post_blank, post_label = posteriors(saved, upstream, tf.shape(logits)[1], label_scale)
     x = tf.cast(logits, tf.float32)
     shape = tf.shape(x)
     vocab = shape[3]

@@ -3,7 +3,8 @@
 Like a keras-hub Backbone, it knows nothing of losses or optimizers: decoding, export and
 fine-tuning build and load it alone. Training wraps it in `asrkit.training.task.
 TransducerTask`, which owns the loss and the accumulation engine. Decoders use only
-`encode`, `predict_labels`/`predictor.step` and `join`.
+`encode`, `predict_labels`/`predictor.step` and `join`; a hybrid network
+(`model.ctc_head`) also has `ctc_logits`, which CTC decoding and the CTC loss use.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Transducer(keras.Model):
             vocab_size=vocab_size, dim=config.joint_dim, activation=config.joint_activation,
             durations=len(config.durations), name="joint",
         )  # fmt: skip
+        self.ctc_head = keras.layers.Dense(vocab_size, name="ctc_head") if config.ctc_head else None
 
     def build(self, *args, **kwargs):
         # Made only of sub-layers, which build themselves on their first call.
@@ -72,6 +74,12 @@ class Transducer(keras.Model):
     def join(self, encoded, predicted):
         return self.joint(encoded, predicted)
 
+    def ctc_logits(self, encoded):
+        """encoder frames [B, T', D] -> the CTC head's logits [B, T', V] (blank at 0)."""
+        if self.ctc_head is None:
+            raise ValueError("this network has no CTC head (model.ctc_head is false)")
+        return self.ctc_head(encoded)
+
     def call(self, batch, training=False):
         """logits [B, T', U+1, V] for (features, feature_lengths, labels, ...)."""
         encoded, _ = self.encode(batch[0], batch[1], training=training)
@@ -85,6 +93,8 @@ class Transducer(keras.Model):
         encoded, _ = self.encode(batch[0], batch[1])
         predicted = self.predict_labels(batch[2])
         self.join(encoded, predicted)
+        if self.ctc_head is not None:
+            self.ctc_head(encoded)
         self.built = True
 
     def get_config(self):

@@ -2,10 +2,11 @@
 with an auxiliary CTC loss) and the accumulation engine (keras-hub's Task around a Backbone).
 
 The task owns the loss (`LossConfig`, the config's `loss:` section) and the heads it needs
-(`LossHeads`); the network carries only its architecture. `compute_loss_terms` returns
-(Σ per-utterance losses, count) — each utterance's transducer loss plus
-`loss.ctc_weight` × its CTC loss — with the count set by `loss.normalize_by`: tokens
-(Σ label_lengths) or utterances. `loss.kind` picks the transducer loss (`TRANSDUCER_LOSSES`):
+(`LossHeads`); the network carries only its architecture (a hybrid network's CTC head
+included). `compute_loss_terms` returns (Σ per-utterance losses, count) — each utterance's
+transducer loss combined with its CTC loss by `loss.ctc_weight` (added, or interpolated as
+NeMo's hybrids do) — with the count set by `loss.normalize_by`: tokens (Σ label_lengths),
+utterances, or utterances with each loss first divided by its own tokens. `loss.kind` picks the transducer loss (`TRANSDUCER_LOSSES`):
 the full RNN-T loss, k2's pruned loss or the TDT loss, each fused with the joint's output
 layer chunk by chunk under `loss.fused`; the encoder is any `asrkit.models.encoder.Encoder`.
 `fit` on the task is the user's training API; `task.network` is what decoding, export and
@@ -44,8 +45,8 @@ from asrkit.training.accumulation import AccumulatingModel
 @keras.saving.register_keras_serializable(package="asrkit")
 class LossHeads(CompositeLayer):
     """What a loss adds to the network for training only: the pruned loss' trivial joiner
-    (`simple`) and the auxiliary CTC loss' head (`ctc`); None where the loss needs none.
-    Checkpoints keep them under `loss_heads.`; inference never builds them."""
+    (`simple`; None for the other losses). Checkpoints keep it under `loss_heads.`;
+    inference never builds it. (A CTC head is part of the network: `model.ctc_head`.)"""
 
     def __init__(self, *, vocab_size: int, loss: LossConfig | dict, **kwargs):
         super().__init__(**kwargs)
@@ -53,8 +54,6 @@ class LossHeads(CompositeLayer):
         self.loss = LossConfig(**loss) if isinstance(loss, dict) else loss
         pruned = self.loss.kind == "pruned"
         self.simple = SimpleJoiner(vocab_size=vocab_size, name="simple") if pruned else None
-        with_ctc = self.loss.ctc_weight > 0
-        self.ctc = keras.layers.Dense(vocab_size, name="ctc_head") if with_ctc else None
 
     def get_config(self):
         return {**super().get_config(), "vocab_size": self.vocab_size,
@@ -79,15 +78,11 @@ class TransducerTask(AccumulatingModel):
         """Builds the network and the loss' heads with one tiny forward pass."""
         network, heads = self.network, self.heads
         network.build_from_features(num_mel_bins)
-        unbuilt = [h for h in (heads.simple, heads.ctc) if h is not None and not h.built]
-        if not unbuilt:
+        if heads.simple is None or heads.simple.built:
             return
         batch = dummy_batch(num_mel_bins)
         encoded, _ = network.encode(batch[0], batch[1])
-        if heads.simple in unbuilt:
-            heads.simple(encoded, network.predict_labels(batch[2]))
-        if heads.ctc in unbuilt:
-            heads.ctc(encoded)
+        heads.simple(encoded, network.predict_labels(batch[2]))
 
     def compute_loss_terms(self, data, training=True):
         features, feature_lengths, labels, label_lengths = data[:4]
@@ -102,16 +97,14 @@ class TransducerTask(AccumulatingModel):
         predicted = network.predict_labels(labels, training=training)
         transducer_loss = TRANSDUCER_LOSSES[loss.kind]
         losses = transducer_loss(self, encoded, predicted, labels, encoder_lengths, label_lengths)
-        if self.heads.ctc is not None:
+        if loss.ctc_weight > 0:
             ctc = ctc_losses(
-                self.heads.ctc(encoded), labels, encoder_lengths, label_lengths, blank=BLANK_ID
-            )
-            losses = losses + loss.ctc_weight * ctc
-        if loss.normalize_by == "tokens":
-            count = tf.reduce_sum(label_lengths)
-        else:
-            count = tf.shape(label_lengths)[0]
-        return tf.reduce_sum(losses), count
+                network.ctc_logits(encoded), labels, encoder_lengths, label_lengths,
+                blank=BLANK_ID,
+            )  # fmt: skip
+            kept = 1.0 - loss.ctc_weight if loss.ctc_interpolate else 1.0
+            losses = kept * losses + loss.ctc_weight * ctc
+        return normalized_terms(losses, label_lengths, loss.normalize_by)
 
     def updates(self, default: int = 0):
         """Optimizer updates so far (never micro-batches): what schedules inside the loss
@@ -127,6 +120,18 @@ class TransducerTask(AccumulatingModel):
         }
 
 
+def normalized_terms(losses, label_lengths, normalize_by: str):
+    """(Σ of the per-utterance `losses` as the window sums them, this micro-batch's part of
+    the window's count) for `loss.normalize_by`; the engine divides the window's sum by its
+    whole count, so the window's loss is NeMo's reduction of their union."""
+    if normalize_by == "tokens":
+        return tf.reduce_sum(losses), tf.reduce_sum(label_lengths)
+    if normalize_by == "utterance_tokens":
+        tokens = tf.cast(tf.maximum(label_lengths, 1), losses.dtype)
+        return tf.reduce_sum(losses / tokens), tf.shape(label_lengths)[0]
+    return tf.reduce_sum(losses), tf.shape(label_lengths)[0]
+
+
 def full_losses(task, encoded, predicted, labels, encoder_lengths, label_lengths):
     """The RNN-T loss over the whole lattice, per utterance: fused with the joint's output
     layer chunk by chunk (`loss.fused`), or from the joint's logits (the reference)."""
@@ -137,11 +142,12 @@ def full_losses(task, encoded, predicted, labels, encoder_lengths, label_lengths
         return fused_rnnt_loss(
             enc_h, pred_h, labels, encoder_lengths, label_lengths, kernel=out.kernel,
             bias=out.bias, blank=BLANK_ID, chunk_bytes=int(loss.chunk_mb * 2**20),
-            delay_penalty=loss.delay_penalty, activation=joint.activation,
+            delay_penalty=loss.delay_penalty, fastemit_lambda=loss.fastemit_lambda,
+            activation=joint.activation,
         )  # fmt: skip
     return rnnt_loss(
         joint(encoded, predicted), labels, encoder_lengths, label_lengths, blank=BLANK_ID,
-        delay_penalty=loss.delay_penalty,
+        delay_penalty=loss.delay_penalty, fastemit_lambda=loss.fastemit_lambda,
     )  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 serialization, mixed precision (a test enumerates Keras' registry, so a new layer without a
 harness entry fails); plus padding invariance of the encoders and the transducer loss."""
 
+import dataclasses
 import importlib
 import pkgutil
 
@@ -52,7 +53,7 @@ def _tensors():
 
 def _heads(m):
     am, lm = m.simple(X, X[:, :4])
-    return tf.concat([m.ctc(X), am, lm[:, :1]], axis=1)
+    return tf.concat([am, lm[:, :1]], axis=1)
 
 
 # Each entry: (the registered class, its factory, call(layer) -> a tensor).
@@ -189,13 +190,18 @@ LAYERS = {
     ),
     "loss_heads": (
         LossHeads,
-        lambda: LossHeads(vocab_size=10, loss=LossConfig(kind="pruned", ctc_weight=0.3)),
+        lambda: LossHeads(vocab_size=10, loss=LossConfig(kind="pruned")),
         _heads,
     ),
     "transducer": (
         Transducer,
         lambda: Transducer(10, TINY_MODEL),
         lambda m: m((FEATS, FEAT_LENGTHS, LABELS)),
+    ),
+    "hybrid_transducer": (
+        Transducer,
+        lambda: Transducer(10, dataclasses.replace(TINY_MODEL, ctc_head=True)),
+        lambda m: m.ctc_logits(m.encode(FEATS, FEAT_LENGTHS)[0]),
     ),
 }
 # Registered layers the harness leaves to their own tests, and why.

@@ -1,6 +1,7 @@
-"""The training task's loss terms: the auxiliary CTC loss adds exactly `loss.ctc_weight` × the
-CTC loss of its head's logits to each utterance, and only a network trained with it carries
-the head; dynamic chunk training uses the chunk of the current update."""
+"""The training task's loss terms: the CTC head's loss adds exactly `loss.ctc_weight` × the
+CTC loss of its logits to each utterance (or interpolates, as NeMo's hybrids do), each
+`loss.normalize_by` divides as NeMo's reduction of the same name would; dynamic chunk
+training uses the chunk of the current update."""
 
 import dataclasses
 
@@ -25,23 +26,52 @@ def test_auxiliary_ctc_adds_its_weighted_loss_to_each_utterance(fused):
              np.array([4, 2, 1]))  # fmt: skip
     keras.utils.set_random_seed(0)
     plain = TransducerTask(Transducer(9, tiny_model_config()), LossConfig(fused=fused))
-    with_ctc = TransducerTask(
-        Transducer(9, tiny_model_config()), LossConfig(fused=fused, ctc_weight=0.4)
+    hybrid = dataclasses.replace(tiny_model_config(), ctc_head=True)
+    with_ctc = TransducerTask(Transducer(9, hybrid), LossConfig(fused=fused, ctc_weight=0.4))
+    nemo_like = TransducerTask(
+        Transducer(9, hybrid), LossConfig(fused=fused, ctc_weight=0.4, ctc_interpolate=True)
     )
-    for task in (plain, with_ctc):
+    for task in (plain, with_ctc, nemo_like):
         task.build_heads(80)
-    with_ctc.network.set_weights(plain.network.get_weights())
-    # The head is the task's (its loss'), never the network's: inference never builds it.
-    assert plain.heads.ctc is None and with_ctc.heads.ctc is not None
-    assert len(with_ctc.network.weights) == len(plain.network.weights)
-    assert len(with_ctc.trainable_variables) == len(plain.trainable_variables) + 2
+    nemo_like.network.set_weights(with_ctc.network.get_weights())
+    for mine, theirs in zip(plain.network.weights, with_ctc.network.weights, strict=False):
+        mine.assign(theirs)  # the hybrid's weights are the plain one's + the head's two
+    # The head is the network's: decoding (`--method ctc`) and export have it.
+    assert plain.network.ctc_head is None and with_ctc.network.ctc_head is not None
+    assert len(with_ctc.network.weights) == len(plain.network.weights) + 2
     base, count = plain.compute_loss_terms(batch, training=False)
     total, same_count = with_ctc.compute_loss_terms(batch, training=False)
+    interpolated, _ = nemo_like.compute_loss_terms(batch, training=False)
     encoded, lengths = with_ctc.network.encode(batch[0], batch[1])
-    ctc = ctc_losses(with_ctc.heads.ctc(encoded), batch[2], lengths, batch[3], blank=0)
+    ctc = ctc_losses(with_ctc.network.ctc_logits(encoded), batch[2], lengths, batch[3], blank=0)
+    ctc = float(tf.reduce_sum(ctc))
     assert int(count) == int(same_count) == 7
-    assert float(tf.reduce_sum(ctc)) > 0
-    assert float(total) == pytest.approx(float(base) + 0.4 * float(tf.reduce_sum(ctc)), rel=1e-5)
+    assert ctc > 0
+    assert float(total) == pytest.approx(float(base) + 0.4 * ctc, rel=1e-5)
+    assert float(interpolated) == pytest.approx(0.6 * float(base) + 0.4 * ctc, rel=1e-5)
+
+
+@pytest.mark.parametrize("normalize_by", ["tokens", "utterances", "utterance_tokens"])
+def test_each_normalisation_is_nemos_reduction_of_the_same_batch(normalize_by):
+    """(sum, count) of a batch divided as the engine divides them = NeMo's reduction
+    (mean_volume, mean_batch, mean) of the per-utterance losses, in NumPy."""
+    rng = np.random.default_rng(5)
+    batch = (rng.standard_normal((3, 64, 80)).astype(np.float32), np.array([64, 40, 28]),
+             np.array([[1, 2, 2, 4], [5, 6, 0, 0], [7, 0, 0, 0]], np.int32),
+             np.array([4, 2, 1]))  # fmt: skip
+    keras.utils.set_random_seed(0)
+    task = TransducerTask(Transducer(9, tiny_model_config()), LossConfig(normalize_by=normalize_by))
+    task.build_heads(80)
+    total, count = task.compute_loss_terms(batch, training=False)
+    per_utterance = TransducerTask(task.network, LossConfig(normalize_by="utterances"))
+    losses = np.array([
+        float(per_utterance.compute_loss_terms(tuple(x[i : i + 1] for x in batch))[0])
+        for i in range(3)
+    ])  # fmt: skip
+    tokens = batch[3]
+    want = {"tokens": losses.sum() / tokens.sum(), "utterances": losses.mean(),
+            "utterance_tokens": (losses / tokens).mean()}[normalize_by]  # fmt: skip
+    assert float(total) / float(count) == pytest.approx(want, rel=1e-5)
 
 
 def test_dynamic_chunks_train_each_update_with_that_updates_chunk():
