@@ -141,6 +141,10 @@ class EncoderConfig:
     lstm_units: int = 320
     lstm_layers: int = 2
     dropout: float = 0.1
+    # Conformer: the rate on the attention weights and on the subsampled frames entering
+    # the blocks (NeMo's dropout_att and dropout_pre_encoder); null: `dropout`.
+    attention_dropout: float | None = None
+    pre_encoder_dropout: float | None = None
     # Recompute each block's activations in the backward pass instead of storing them
     # (less memory, one more forward of the encoder; dropout masks are replayed exactly).
     recompute: bool = False
@@ -210,8 +214,10 @@ class EncoderConfig:
         _at_least(self, "model.encoder", d_model=1, num_blocks=1, num_heads=1, kernel_size=1,
                   subsampling_filters=1, lstm_units=1, lstm_layers=1, ff_expansion=1)  # fmt: skip
         _positive(self, "model.encoder", "norm_epsilon")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"model.encoder.dropout must be in [0, 1), got {self.dropout}")
+        for key in ("dropout", "attention_dropout", "pre_encoder_dropout"):
+            rate = getattr(self, key)
+            if rate is not None and not 0 <= rate < 1:
+                raise ValueError(f"model.encoder.{key} must be in [0, 1), got {rate}")
         if not 0 <= self.batch_norm_momentum < 1:
             raise ValueError(
                 f"model.encoder.batch_norm_momentum must be in [0, 1), got "
@@ -376,6 +382,16 @@ class DataConfig:
     batch_seconds: float = 60.0  # audio per micro-batch, padding included
     num_buckets: int = 8
     spec_augment: bool = True
+    # SpecAugment's masks per training utterance (NeMo's spectrogram augmentation names in
+    # brackets): spec_freq_masks bands of at most spec_freq_width mel bins (freq_masks,
+    # freq_width), spec_time_masks spans of at most spec_time_width of the utterance
+    # (time_masks, time_width as a fraction), or of spec_time_frames frames when > 0
+    # (time_width as a frame count).
+    spec_freq_masks: int = 2
+    spec_freq_width: int = 27
+    spec_time_masks: int = 2
+    spec_time_width: float = 0.05
+    spec_time_frames: int = 0
     # Per-utterance warp of the mel axis by a factor in [1 - w, 1 + w]: unseen voices
     # (vocal tract lengths) for free; 0 turns it off. Training only.
     freq_warp: float = 0.0
@@ -386,7 +402,13 @@ class DataConfig:
 
     def __post_init__(self):
         _positive(self, "data", "batch_seconds")
-        _at_least(self, "data", num_buckets=1, label_pad_multiple=1)
+        _at_least(self, "data", num_buckets=1, label_pad_multiple=1, spec_freq_masks=0,
+                  spec_freq_width=0, spec_time_masks=0, spec_time_frames=0)  # fmt: skip
+        if not 0 <= self.spec_time_width <= 1:
+            raise ValueError(
+                f"data.spec_time_width must be in [0, 1] (a fraction of the utterance), got "
+                f"{self.spec_time_width}"
+            )
         if not 0 <= self.freq_warp < 0.5:
             raise ValueError(f"data.freq_warp must be in [0, 0.5), got {self.freq_warp}")
 

@@ -54,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.experiment import load_experiment, write_timing
 
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average)
-    options = search_options(args, experiment.config.decode.max_symbols_per_step)
+    options = search_options(
+        args, experiment.config.decode.max_symbols_per_step, experiment.config.model
+    )
     recognise = NetworkRecogniser(
         experiment.network, experiment.tokenizer, experiment.config, options
     )  # delay 0: measure the frames' own times

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, args.chunk_frames)
     network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
-    options = search_options(args, config.decode.max_symbols_per_step)
+    options = search_options(args, config.decode.max_symbols_per_step, config.model)
     if args.shards:
         check_shards(args.shards, config, tokenizer)
         report = decode_shards(
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         report = decode_manifest(network, args.manifest, tokenizer, config, options)
     r = report.rates
     weights = experiment.weights
-    method = f"beam {args.beam}" if args.method == "beam" else "greedy"
+    method = f"beam {args.beam}" if args.method == "beam" else args.method
     summary = (
         f"{args.shards or args.manifest}: {method}, weights {weights}: WER {r.wer * 100:.2f} % "
         f"(S {r.substitutions}, D {r.deletions}, I {r.insertions} of {r.words} words), "

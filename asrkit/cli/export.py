@@ -45,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
     if args.litert and not args.streaming:
         raise InputError("--litert converts the streaming step: add --streaming")
     if args.streaming and args.method != "greedy":
-        raise InputError("--streaming exports greedy search: drop --method beam")
-    symbols = load_experiment_config(args.exp_dir).decode.max_symbols_per_step  # TF not yet
+        raise InputError(f"--streaming exports greedy search: drop --method {args.method}")
+    recorded = load_experiment_config(args.exp_dir)  # TF not yet
+    options = search_options(args, recorded.decode.max_symbols_per_step, recorded.model)
     with replacing_directory(args.out, "--out", args.force) as out:
         from asrkit.decoding.search import describe
         from asrkit.export import convert_to_litert, export_model, export_streaming
@@ -56,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
             if args.litert:
                 convert_to_litert(out, out / "stream_tokens.tflite")
         else:
-            options = search_options(args, symbols)
             export_model(
                 args.exp_dir, out, args.checkpoint, args.average, options, args.chunk_frames
             )

@@ -15,7 +15,9 @@ def add_weights_arguments(parser) -> None:
 
 
 def add_search_arguments(parser, help: str | None = None) -> None:
-    parser.add_argument("--method", choices=("greedy", "beam"), default="greedy", help=help)
+    parser.add_argument("--method", choices=("greedy", "beam", "ctc"), default="greedy",
+                        help=help or "greedy or beam search, or greedy CTC search (a hybrid "
+                        "model's CTC head)")  # fmt: skip
     parser.add_argument("--beam", type=int, default=4, help="beam size (--method beam)")
 
 
@@ -27,17 +29,22 @@ def check_search_arguments(args: argparse.Namespace) -> None:
     if args.beam < 1:
         raise InputError(f"--beam must be >= 1, got {args.beam}")
     nbest = getattr(args, "nbest", 0)
-    if nbest > 1 and args.method == "greedy" and not getattr(args, "model", None):
+    if nbest > 1 and args.method in ("greedy", "ctc") and not getattr(args, "model", None):
         raise InputError(
-            f"--nbest {nbest}: greedy search finds one hypothesis; add --method beam "
+            f"--nbest {nbest}: {args.method} search finds one hypothesis; use --method beam "
             f"--beam {max(nbest, args.beam)} for an n-best list"
         )
 
 
-def search_options(args: argparse.Namespace, max_symbols_per_step: int):
-    from asrkit.decoding.search import DecodeOptions
+def search_options(args: argparse.Namespace, max_symbols_per_step: int, model_config=None):
+    """The search the arguments ask for; with `model_config` (a ModelConfig), `--method
+    ctc` is refused for a model without a CTC head before it loads."""
+    from asrkit.decoding.search import NO_CTC_HEAD, DecodeOptions
+    from asrkit.errors import InputError
 
     check_search_arguments(args)
+    if args.method == "ctc" and model_config is not None and not model_config.ctc_head:
+        raise InputError(NO_CTC_HEAD)
     return DecodeOptions(args.method, args.beam, max_symbols_per_step)
 
 

@@ -150,6 +150,8 @@ def _check_streaming(args) -> None:
         )
     if not args.chunk_seconds > 0:
         raise InputError(f"--chunk-seconds must be > 0, got {args.chunk_seconds}")
+    if args.method == "ctc":
+        raise InputError("--streaming decodes the transducer: use --method greedy or beam")
 
 
 def _stream(recognise, path: str, args):
@@ -171,7 +173,7 @@ def _experiment_recogniser(args):
         args.exp_dir, args.checkpoint, args.average, chunk_frames=args.chunk_frames
     )
     config = experiment.config
-    options = search_options(args, config.decode.max_symbols_per_step)
+    options = search_options(args, config.decode.max_symbols_per_step, config.model)
     return NetworkRecogniser.of(experiment, options)
 
 

@@ -42,6 +42,7 @@ class SpecAugmentConfig:
     freq_width: int = 27  # bins, at most
     time_masks: int = 2
     time_width_ratio: float = 0.05  # at most this fraction of the utterance, per mask
+    time_width_frames: int = 0  # > 0: at most this many frames per mask instead
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,12 @@ def pipeline_config(config: ExperimentConfig, replicas: int = 1) -> PipelineConf
         label_pad_multiple=d.label_pad_multiple,
         freq_warp=d.freq_warp,
         frame_step_seconds=config.features.frame_step / config.features.sample_rate,
-        **({} if d.spec_augment else {"spec_augment": None}),
-    )
+        spec_augment=SpecAugmentConfig(
+            freq_masks=d.spec_freq_masks, freq_width=d.spec_freq_width,
+            time_masks=d.spec_time_masks, time_width_ratio=d.spec_time_width,
+            time_width_frames=d.spec_time_frames,
+        ) if d.spec_augment else None,
+    )  # fmt: skip
 
 
 def bucket_plan(frame_lengths, config: PipelineConfig) -> tuple[list[int], list[int]]:
@@ -106,7 +111,10 @@ def spec_augment(
         start = _uniform_int(seeds[i], 0, tf.maximum(bins - width, 0) + 1, salt=1)
         band = (tf.range(bins) >= start) & (tf.range(bins) < start + width)
         keep &= ~band[None, :]
-    max_width = tf.cast(config.time_width_ratio * tf.cast(length, tf.float32), tf.int32)
+    if config.time_width_frames > 0:
+        max_width = tf.minimum(tf.cast(length, tf.int32), config.time_width_frames)
+    else:
+        max_width = tf.cast(config.time_width_ratio * tf.cast(length, tf.float32), tf.int32)
     for j in range(config.time_masks):
         s = seeds[config.freq_masks + j]
         width = _uniform_int(s, 0, max_width + 1, salt=0)

@@ -1,8 +1,8 @@
 """One front for every search: options, typed results, compiled per (model, options).
 
 `decode_batch` encodes a padded feature batch and runs greedy or beam search (modified beam
-search; for TDT models, their own greedy and beam searches) in one compiled graph; greedy
-and beam return the same `Hypothesis`. `decode_nbest` returns each utterance's n-best list
+search; for TDT models, their own greedy and beam searches) or, on a hybrid network,
+greedy CTC search, in one compiled graph; every search returns the same `Hypothesis`. `decode_nbest` returns each utterance's n-best list
 (beam search: the beam, best first; greedy: one).
 """
 
@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.beam import beam_search, live_slots
+from asrkit.decoding.ctc_greedy import ctc_greedy_search
 from asrkit.decoding.found import Found
 from asrkit.decoding.greedy import greedy_search
 from asrkit.decoding.tdt_beam import tdt_beam_search
@@ -22,7 +23,7 @@ from asrkit.decoding.tdt_greedy import tdt_greedy_search
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
 
-METHODS = ("greedy", "beam")
+METHODS = ("greedy", "beam", "ctc")  # ctc: greedy on a hybrid network's CTC head
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,10 @@ def beam_decode(
 def search(model, encoded, encoder_lengths, options: DecodeOptions) -> Found:
     """Each row's hypotheses as graph tensors, best first: `Found` with a K axis
     ([B, K, N] tokens, [B, K] counts and scores; K = the beam, or 1 for greedy)."""
+    if options.method == "ctc":
+        if model.ctc_head is None:
+            raise ValueError(NO_CTC_HEAD)
+        return Found(*(x[:, None] for x in ctc_greedy_search(model, encoded, encoder_lengths)))
     if model.joint.durations and options.method == "beam":
         return tdt_beam_search(
             model, encoded, encoder_lengths, options.beam, options.max_symbols_per_step
@@ -136,7 +141,15 @@ def search(model, encoded, encoder_lengths, options: DecodeOptions) -> Found:
     return Found(*(x[:, None] for x in found))
 
 
+NO_CTC_HEAD = (
+    "--method ctc: this model has no CTC head (model.ctc_head; a NeMo hybrid imports one); "
+    "use --method greedy or beam"
+)
+
+
 def describe(options: DecodeOptions) -> str:
+    if options.method == "ctc":
+        return "greedy CTC search (the CTC head)"
     name = f"beam search, beam {options.beam}" if options.method == "beam" else "greedy search"
     return f"{name}, at most {options.max_symbols_per_step} symbol(s) per encoder frame"
 

@@ -116,6 +116,7 @@ BLOCK_OPTIONS = dict(
     conv_context="full", out_norm=False, ff_expansion=EncoderConfig.ff_expansion,
     use_bias=EncoderConfig.use_bias, norm_epsilon=EncoderConfig.norm_epsilon,
     batch_norm_momentum=EncoderConfig.batch_norm_momentum,
+    attention_dropout=EncoderConfig.attention_dropout,  # None: the block's dropout
 )  # fmt: skip
 
 
@@ -135,9 +136,10 @@ class ConformerBlock(CompositeLayer):
                   use_bias=o["use_bias"], epsilon=epsilon)  # fmt: skip
         self.ff1 = FeedForward(**ff)
         self.attn_norm = keras.layers.LayerNormalization(epsilon=epsilon)
+        attention_dropout = dropout if o["attention_dropout"] is None else o["attention_dropout"]
         self.attention = SelfAttention(
-            d_model=d_model, num_heads=num_heads, dropout=dropout, positions=o["attention"],
-            use_bias=o["use_bias"],
+            d_model=d_model, num_heads=num_heads, dropout=attention_dropout,
+            positions=o["attention"], use_bias=o["use_bias"],
         )  # fmt: skip
         self.conv = ConvolutionModule(
             d_model=d_model, kernel_size=kernel_size, norm=o["conv_norm"], dropout=dropout,
@@ -196,7 +198,7 @@ class ConformerBlock(CompositeLayer):
 ENCODER_OPTIONS = (
     "attention", "subsampling", "subsampling_factor", "ff_expansion", "xscaling", "use_bias",
     "norm_epsilon", "batch_norm_momentum", "recompute", "chunk_frames", "left_chunks",
-    "dynamic_chunks", "conv_context",
+    "dynamic_chunks", "conv_context", "attention_dropout", "pre_encoder_dropout",
 )  # fmt: skip
 
 
@@ -226,6 +228,9 @@ class ConformerEncoder(Encoder):
         self.options = o
         self.d_model, self.num_heads, self.dropout = d_model, num_heads, dropout
         self.recompute, self.xscaling = o["recompute"], o["xscaling"]
+        self.pre_dropout = dropout if o["pre_encoder_dropout"] is None else o["pre_encoder_dropout"]
+        rates = (dropout, self.pre_dropout, o["attention_dropout"] or 0.0)
+        self.draws_masks = max(rates) > 0
         self.chunk_frames, self.left_chunks = o["chunk_frames"], o["left_chunks"]
         self.dynamic_chunks = o["dynamic_chunks"]
         if o["subsampling"] == "valid":
@@ -251,6 +256,7 @@ class ConformerEncoder(Encoder):
                 use_bias=o["use_bias"],
                 norm_epsilon=o["norm_epsilon"],
                 batch_norm_momentum=o["batch_norm_momentum"],
+                attention_dropout=o["attention_dropout"],
             )
             for _ in range(num_blocks)
         ]
@@ -282,8 +288,8 @@ class ConformerEncoder(Encoder):
             chunk = self.chunk_frames
             allowed = chunk_mask(positions, positions, chunk, self.left_chunks)
         # Drawn here, outside any recomputed block, so a recomputation replays the masks.
-        seed = block_seeds(self.seeds, training and self.dropout > 0)
-        x = seeded_dropout(x, self.dropout, seed, 0, training)
+        seed = block_seeds(self.seeds, training and self.draws_masks)
+        x = seeded_dropout(x, self.pre_dropout, seed, 0, training)
         for index, block in enumerate(self.blocks):
             block_seed = tf.random.experimental.stateless_fold_in(seed, index + 1)
 

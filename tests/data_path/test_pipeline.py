@@ -261,3 +261,26 @@ def test_no_autotuning_in_any_pipeline_also_as_the_trainer_distributes_it(tmp_pa
         policy = distributed.options().experimental_distribute.auto_shard_policy
         assert policy == tf.data.experimental.AutoShardPolicy.DATA
         assert sum(1 for _ in distributed) == sum(1 for _ in plain) > 0
+
+
+def test_the_configs_spec_augment_settings_reach_the_pipeline():
+    """data.spec_* (what `asrkit import nemo` maps NeMo's spec_augment onto) set the masks:
+    NeMo's template (2 bands of 27 bins, 10 spans of 5 %) and a frame-count width."""
+    from asrkit.config import DataConfig, ExperimentConfig
+    from asrkit.data.pipeline import pipeline_config
+
+    data = DataConfig(spec_freq_masks=2, spec_freq_width=27, spec_time_masks=10,
+                      spec_time_width=0.05)  # fmt: skip
+    augment = pipeline_config(ExperimentConfig(data=data)).spec_augment
+    assert augment == SpecAugmentConfig(2, 27, 10, 0.05, 0)
+    frames = SpecAugmentConfig(freq_masks=0, freq_width=0, time_masks=3, time_width_frames=4)
+    features = tf.ones([300, 8])
+    widest = 0
+    for s in range(30):
+        out = spec_augment(features, tf.constant(300), frames, tf.constant([s, 1], tf.int64))
+        zero_frames = np.flatnonzero((out.numpy() == 0).all(axis=1))
+        assert len(zero_frames) <= 3 * 4
+        widest = max(widest, len(zero_frames))
+    assert widest > 4  # more than one span: the count is per mask, not in total
+    off = DataConfig(spec_augment=False)
+    assert pipeline_config(ExperimentConfig(data=off)).spec_augment is None
