@@ -274,6 +274,11 @@ class ModelConfig:
     # TDT (token-and-duration transducer): the frames an emission may skip; the joint then
     # also predicts one of them per emission. Empty: a plain RNN-T joint.
     durations: tuple[int, ...] = ()
+    # torch's biases (NeMo's models): the joint's predictor projection has its own bias and
+    # every LSTM layer of the predictor a second one on its input, as torch's Linear and
+    # LSTM have. The same function as one bias each; AdamW moves the two separately, so an
+    # imported model's update is NeMo's.
+    torch_biases: bool = False
     # A CTC head on the encoder (a linear layer to the vocabulary, blank shared): trained
     # with loss.ctc_weight, decoded with `--method ctc` (a hybrid CTC/transducer model).
     ctc_head: bool = False
@@ -351,8 +356,7 @@ class LossConfig:
             raise ValueError(f"loss.fastemit_lambda must be >= 0, got {self.fastemit_lambda}")
         if self.fastemit_lambda and self.kind != "full":
             raise ValueError(
-                "loss.fastemit_lambda works with loss.kind=full only (not with "
-                f"{self.kind!r})"
+                f"loss.fastemit_lambda works with loss.kind=full only (not with {self.kind!r})"
             )
         for key in ("simple_scale", "lm_only_scale", "am_only_scale"):
             if not 0 <= getattr(self, key) <= 1:
@@ -428,6 +432,10 @@ class TrainConfig:
     # "adamw" (two float32 slots per weight) or "adafactor" (factored second moments only:
     # a few bytes per row and column; the state of a 0.6 B model drops from 4.8 GB to MBs)
     optimizer: str = "adamw"
+    # AdamW's (torch's formula): β₁, β₂ and ε (NeMo's templates: 0.9, 0.98, 1e-8)
+    adam_beta_1: float = 0.9
+    adam_beta_2: float = 0.999
+    adam_epsilon: float = 1e-8
     clip_global_norm: float | None = 5.0
     precision: str = "float32"
     strategy: str = "auto"
@@ -448,6 +456,10 @@ class TrainConfig:
                   freeze_encoder=-1)  # fmt: skip
         _positive(self, "train", "effective_batch_seconds", "learning_rate", "clip_global_norm")
         _at_least(self, "train", weight_decay=0.0, final_lr_ratio=0.0)
+        for key in ("adam_beta_1", "adam_beta_2"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ValueError(f"train.{key} must be in [0, 1), got {getattr(self, key)}")
+        _positive(self, "train", "adam_epsilon")
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {PRECISIONS}: {self.precision!r}")
         _one_of(self, "train", schedule=SCHEDULES, strategy=STRATEGIES, optimizer=OPTIMIZERS)

@@ -31,6 +31,17 @@ and score. Written from the archives alone (`--parts beams`), so the other fixtu
 
 TDT losses (`tdt_losses.npz`): NeMo's PyTorch reference TDT loss and its gradient on random
 logits (its `.cuda()` calls made no-ops in this script only).
+
+Training steps (`step_*.nemo`, `steps.npz`, `steps.json`): three tiny NeMo models with the
+published templates' training settings — a Conformer RNN-T (mean_batch, FastEmit), a
+FastConformer TDT (mean_volume, sigma) and a hybrid FastConformer TDT-CTC (CTC weight 0.3)
+— and NeMo's own `training_step` on the clips with dropout and BatchNorm in eval mode and
+SpecAugment off (NeMo's TDT loss through its PyTorch reference): the loss, every
+parameter's gradient, the parameters after one torch AdamW update, and the gradient NeMo's
+own accumulation (Lightning's mean of two micro-batches' means) gives instead. The hybrid's
+CTC greedy output on the clips too (its CTC head's weights scaled up, so that frames' best
+symbols are clear), and NeMo's CPU RNN-T loss with FastEmit on random
+logits (loss and gradient).
 """
 
 from __future__ import annotations
@@ -450,8 +461,242 @@ def tdt_losses(out: Path) -> None:
     np.savez_compressed(out / "tdt_losses.npz", **arrays)
 
 
+STEP_KINDS = {
+    # name: encoder options, TDT, the top-level and loss settings of the NeMo config
+    "conformer_rnnt": (dict(subsampling="striding", subsampling_factor=4, xscaling=True), False,
+                       {"rnnt_reduction": "mean_batch",
+                        "loss": {"loss_name": "warprnnt_numba",
+                                 "warprnnt_numba_kwargs": {"fastemit_lambda": 5e-3}}}),
+    "fastconformer_tdt": (dict(subsampling="dw_striding", subsampling_factor=8, xscaling=False),
+                          True, {"rnnt_reduction": "mean_volume"}),
+    "hybrid_tdt_ctc": (dict(subsampling="dw_striding", subsampling_factor=8, xscaling=False),
+                       True, {"rnnt_reduction": "mean_batch",
+                              "aux_ctc": {"ctc_loss_weight": 0.3, "ctc_reduction": "mean_batch"}}),
+}  # fmt: skip
+STEP_SAMPLES, STEP_TOKENS = 4 * 16000, 16  # per clip, at most (the tokens: 16, 15, ...)
+STEP_OPTIM = {"name": "adamw", "lr": 1e-3, "betas": [0.9, 0.98], "weight_decay": 1e-3}
+SPEC_AUGMENT = {
+    "_target_": "nemo.collections.asr.modules.SpectrogramAugmentation",
+    "freq_masks": 2,
+    "freq_width": 27,
+    "time_masks": 10,
+    "time_width": 0.05,
+}
+
+
+def _step_config(tokenizer: Path, name: str) -> dict:
+    """A tiny model with a published template's training settings (dropout rates,
+    SpecAugment, optimizer, the kind's loss settings)."""
+    encoder, tdt, settings = STEP_KINDS[name]
+    config = _model_config(tokenizer, "tdt" if tdt else "rnnt")
+    config["encoder"].update(encoder, d_model=16, n_heads=2, n_layers=1, conv_kernel_size=5,
+                             subsampling_conv_channels=8, dropout=0.1, dropout_att=0.05,
+                             dropout_pre_encoder=0.1)  # fmt: skip
+    config["decoder"]["prednet"].update(pred_hidden=16, pred_rnn_layers=1, dropout=0.2)
+    config["joint"]["jointnet"].update(joint_hidden=24, dropout=0.2)
+    config["model_defaults"] = {"enc_hidden": 16, "pred_hidden": 16}
+    config["preprocessor"]["dither"] = 0.0
+    config.update(spec_augment=SPEC_AUGMENT, optim=STEP_OPTIM)
+    settings = json.loads(json.dumps(settings))
+    if tdt:
+        config["loss"]["tdt_kwargs"].update(omega=0.0)  # the reference loss has no omega
+    config.update({k: v for k, v in settings.items() if k != "loss"})
+    config.setdefault("loss", {}).update(settings.get("loss", {}))
+    if "aux_ctc" in config:
+        config["aux_ctc"].update(
+            decoder={"_target_": "nemo.collections.asr.modules.ConvASRDecoder", "feat_in": 16,
+                     "num_classes": -1, "vocabulary": []},
+            decoding={"strategy": "greedy"},
+        )  # fmt: skip
+    return config
+
+
+def _nemo_step(model, signal, lengths, targets, target_lengths):
+    """NeMo's training_step on one batch: (loss, {parameter name: gradient})."""
+    import torch
+
+    model.zero_grad()
+    out = model.training_step((signal, lengths, targets, target_lengths), 0)
+    out["loss"].backward()
+    grads = {n: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+             for n, p in model.named_parameters()}  # fmt: skip
+    return float(out["loss"]), grads
+
+
+def steps(out: Path) -> None:
+    import types
+
+    import numpy as np
+    import torch
+    from nemo.collections.asr.losses.rnnt_pytorch import TDTLossPytorch
+    from nemo.collections.asr.models import EncDecHybridRNNTCTCBPEModel, EncDecRNNTBPEModel
+    from omegaconf import OmegaConf
+
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # the TDT reference runs on CPU
+    tokenizer = _tokenizer(out)
+    lengths, batch = _clip_batch()
+    # The clips' first seconds and their transcripts' first tokens: a gradient is a
+    # gradient whatever the text, and NeMo's reference TDT loss loops in Python.
+    lengths = np.minimum(lengths, STEP_SAMPLES)
+    batch = np.ascontiguousarray(batch[:, : lengths.max()])
+    lines = [line.split(" ", 1)[1].lower() for line in TEXTS.read_text().splitlines()]
+    arrays, summary = {}, {"clips": [str(p.relative_to(ROOT)) for p in CLIPS], "micro": 2}
+    for name in STEP_KINDS:
+        torch.manual_seed(5)
+        config = OmegaConf.create(_step_config(tokenizer, name))
+        cls = EncDecHybridRNNTCTCBPEModel if "aux_ctc" in config else EncDecRNNTBPEModel
+        model = cls(cfg=config)
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, torch.nn.BatchNorm1d):
+                    module.running_mean.normal_(0, 0.5)
+                    module.running_var.uniform_(0.5, 2.0)
+                if hasattr(module, "pos_bias_u") and module.pos_bias_u is not None:
+                    module.pos_bias_u.normal_(0, 0.2)
+                    module.pos_bias_v.normal_(0, 0.2)
+        tokens = [model.tokenizer.text_to_ids(t)[: STEP_TOKENS - i] for i, t in enumerate(lines)]
+        targets = np.zeros((len(tokens), max(len(t) for t in tokens)), np.int64)
+        for i, t in enumerate(tokens):
+            targets[i, : len(t)] = t
+        target_lengths = np.array([len(t) for t in tokens])
+        if "aux_ctc" in config:
+            _fit_ctc(model, batch, lengths, targets, target_lengths)
+        model.save_to(str(out / f"step_{name}.nemo"))
+        model = cls.restore_from(str(out / f"step_{name}.nemo"), map_location="cpu")
+        if config.model_defaults.get("tdt_durations") or "tdt_kwargs" in config.loss:
+            kwargs = config.loss.tdt_kwargs
+            model.loss._loss = TDTLossPytorch(blank=model.tokenizer.vocab_size,
+                                              durations=list(kwargs.durations),
+                                              reduction=None, sigma=kwargs.sigma)  # fmt: skip
+        model.spec_augmentation = None
+        model.train()
+        for module in model.modules():  # as asrkit fine-tunes: frozen BatchNorm, no dropout
+            if isinstance(module, torch.nn.BatchNorm1d | torch.nn.Dropout):
+                module.eval()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=STEP_OPTIM["lr"],
+                                      betas=tuple(STEP_OPTIM["betas"]),
+                                      weight_decay=STEP_OPTIM["weight_decay"])  # fmt: skip
+        model._optimizer = optimizer
+        # No Lightning trainer: training_step reads two of its fields and logs (a no-op here).
+        model._trainer = types.SimpleNamespace(global_step=0, log_every_n_steps=10**9)
+        model.log_dict = model.log = lambda *args, **kwargs: None
+        signal, sig_lengths = torch.from_numpy(batch), torch.from_numpy(lengths)
+        tgt, tgt_lengths = torch.from_numpy(targets), torch.from_numpy(target_lengths)
+        with torch.no_grad():
+            feats, feat_lengths = model.preprocessor(input_signal=signal, length=sig_lengths)
+        ctc = {}  # the hybrid's CTC greedy search, on the weights before the update
+        if "aux_ctc" in config:
+            model.eval()
+            with torch.no_grad():
+                encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
+                log_probs = model.ctc_decoder(encoder_output=encoded)
+                hyps = model.ctc_decoding.ctc_decoder_predictions_tensor(
+                    log_probs, decoder_lengths=encoded_lengths, return_hypotheses=True
+                )
+            hyps = hyps[0] if isinstance(hyps, tuple) else hyps
+            # y_sequence: the best symbol of every frame (NeMo ids, blank last); text: the
+            # hypothesis NeMo makes of them.
+            ctc["ctc_frames"] = [torch.as_tensor(h.y_sequence).tolist() for h in hyps]
+            ctc["ctc_text"] = [h.text for h in hyps]
+            model.train()
+            for module in model.modules():
+                if isinstance(module, torch.nn.BatchNorm1d | torch.nn.Dropout):
+                    module.eval()
+        loss, grads = _nemo_step(model, signal, sig_lengths, tgt, tgt_lengths)
+        # NeMo's own accumulation over two micro-batches: the mean of their means.
+        half = len(lengths) // 2
+        parts = [slice(0, half), slice(half, len(lengths))]
+        accumulated = {n: torch.zeros_like(g) for n, g in grads.items()}
+        for part in parts:
+            u = int(target_lengths[part].max())
+            _, part_grads = _nemo_step(
+                model,
+                signal[part, : int(lengths[part].max())],
+                sig_lengths[part],
+                tgt[part, :u],
+                tgt_lengths[part],
+            )
+            for n, g in part_grads.items():
+                accumulated[n] += g / len(parts)
+        for n, p in model.named_parameters():
+            p.grad = grads[n].clone()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        optimizer.step()
+        # The same preprocessor settings in every kind: one copy of the features.
+        arrays.update(
+            {
+                "features": feats.numpy(),
+                "feature_lengths": feat_lengths.numpy(),
+                f"{name}/targets": targets,
+                f"{name}/target_lengths": target_lengths,
+            }
+        )
+        for n, p in model.named_parameters():
+            arrays[f"{name}/grad/{n}"] = grads[n].numpy()
+            arrays[f"{name}/accumulated/{n}"] = accumulated[n].numpy()
+            arrays[f"{name}/update/{n}"] = (p.detach() - before[n]).numpy()
+        summary[name] = {"loss": loss, "split": half, **ctc}
+    shutil.rmtree(tokenizer)
+    arrays.update(_fastemit_losses())
+    np.savez_compressed(out / "steps.npz", **arrays)
+    (out / "steps.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def _fit_ctc(model, batch, lengths, targets, target_lengths, steps: int = 120) -> None:
+    """The hybrid's encoder and CTC head trained with the CTC loss for a CPU minute: a
+    random encoder gives nearly the same frame everywhere; trained, its CTC greedy search
+    emits varied tokens with clear margins."""
+    import torch
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    signal, sig_lengths = torch.from_numpy(batch), torch.from_numpy(lengths)
+    tgt, tgt_lengths = torch.from_numpy(targets), torch.from_numpy(target_lengths)
+    model.train()
+    for step in range(steps):
+        feats, feat_lengths = model.preprocessor(input_signal=signal.clone(), length=sig_lengths)
+        encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
+        log_probs = model.ctc_decoder(encoder_output=encoded)
+        blank = model.tokenizer.vocab_size
+        loss = torch.nn.functional.ctc_loss(log_probs.transpose(0, 1), tgt, encoded_lengths,
+                                            tgt_lengths, blank=blank)  # fmt: skip
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 20 == 0:
+            print(f"  step {step}: ctc {float(loss):.3f}", flush=True)
+    model.eval()
+
+
+FASTEMIT = 0.01
+
+
+def _fastemit_losses() -> dict:
+    """NeMo's CPU (numba) RNN-T loss with FastEmit on random logits: per-utterance losses
+    and the gradient of their sum (blank last)."""
+    import numpy as np
+    import torch
+    from nemo.collections.asr.losses.rnnt import RNNTLoss
+
+    rng = np.random.default_rng(11)
+    b, t, u, v = 3, 7, 4, 6
+    acts = torch.tensor(rng.standard_normal((b, t, u + 1, v)), dtype=torch.float32,
+                        requires_grad=True)  # fmt: skip
+    labels = torch.tensor(rng.integers(0, v - 1, (b, u)))
+    act_lens, label_lens = torch.tensor([7, 5, 3]), torch.tensor([4, 2, 0])
+    loss_fn = RNNTLoss(num_classes=v - 1, reduction=None, loss_name="warprnnt_numba",
+                       loss_kwargs={"fastemit_lambda": FASTEMIT})  # fmt: skip
+    log_probs = acts.log_softmax(-1)  # as NeMo's joint gives them on CPU
+    losses = loss_fn(log_probs=log_probs, targets=labels, input_lengths=act_lens,
+                     target_lengths=label_lens)  # fmt: skip
+    losses.sum().backward()
+    return {"fastemit/acts": acts.detach().numpy(), "fastemit/labels": labels.numpy(),
+            "fastemit/act_lens": act_lens.numpy(), "fastemit/label_lens": label_lens.numpy(),
+            "fastemit/lambda": np.array(FASTEMIT), "fastemit/losses": losses.detach().numpy(),
+            "fastemit/grad": acts.grad.numpy()}  # fmt: skip
+
+
 PARTS = {"features": features, "attention": attention, "encoders": encoders, "models": models,
-         "beams": beams, "tdt_losses": tdt_losses}  # fmt: skip
+         "beams": beams, "tdt_losses": tdt_losses, "steps": steps}  # fmt: skip
 
 
 def main() -> None:

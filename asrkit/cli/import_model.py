@@ -51,13 +51,39 @@ def describe(summary, model) -> str:
         f"of d_model {enc.d_model}, {enc.num_heads} heads, kernel {enc.kernel_size}, "
         f"{enc.subsampling} x{enc.subsampling_factor}; predictor {pred.num_layers} x LSTM "
         f"{pred.units}; joint {config.model.joint_dim} ({config.model.joint_activation})"
-        + (f"; durations {list(config.model.durations)}" if config.model.durations else ""),
+        + (f"; durations {list(config.model.durations)}" if config.model.durations else "")
+        + ("; a CTC head (--method ctc)" if config.model.ctc_head else ""),
         f"  vocabulary: {summary.vocabulary} SentencePiece pieces + blank"
         f" ({'lower-case: hypotheses are upper-cased' if summary.lower_case else 'cased'})",
         f"  features: NeMo log-mel, {feats.num_mel_bins} bins, window {feats.frame_length} / "
         f"hop {feats.frame_step} samples at {feats.sample_rate} Hz, n_fft {feats.fft_length}, "
         f"normalize {feats.normalize}",
         f"  decoding: greedy, at most {config.decode.max_symbols_per_step} symbols per frame",
+        f"  training: {training_settings(config)}",
     ]
     lines += [f"  note: {note}" for note in summary.plan.notes]
     return "\n".join(lines)
+
+
+def training_settings(config) -> str:
+    """The NeMo training settings as the import mapped them, in one line."""
+    loss, data, enc = config.loss, config.data, config.model.encoder
+    parts = [f"loss {loss.kind} normalised by {loss.normalize_by}"]
+    if loss.ctc_weight:
+        parts.append(f"(1 - {loss.ctc_weight}) x transducer + {loss.ctc_weight} x CTC")
+    if loss.fastemit_lambda:
+        parts.append(f"FastEmit {loss.fastemit_lambda}")
+    if data.spec_augment:
+        width = (f"{data.spec_time_frames} frames" if data.spec_time_frames
+                 else f"{data.spec_time_width:g} of the utterance")  # fmt: skip
+        parts.append(f"SpecAugment {data.spec_freq_masks} x {data.spec_freq_width} bins, "
+                     f"{data.spec_time_masks} x {width}")  # fmt: skip
+    else:
+        parts.append("no SpecAugment")
+    rates = [enc.dropout, enc.attention_dropout, enc.pre_encoder_dropout]
+    parts.append(
+        "dropout "
+        + "/".join("-" if r is None else f"{r:g}" for r in rates)
+        + f" (blocks/attention/pre-encoder), predictor {config.model.predictor.dropout:g}"
+    )
+    return "; ".join(parts)

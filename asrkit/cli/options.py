@@ -31,7 +31,7 @@ def check_search_arguments(args: argparse.Namespace) -> None:
     nbest = getattr(args, "nbest", 0)
     if nbest > 1 and args.method in ("greedy", "ctc") and not getattr(args, "model", None):
         raise InputError(
-            f"--nbest {nbest}: {args.method} search finds one hypothesis; use --method beam "
+            f"--nbest {nbest}: {args.method} search finds one hypothesis; add --method beam "
             f"--beam {max(nbest, args.beam)} for an n-best list"
         )
 

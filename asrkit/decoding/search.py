@@ -1,9 +1,10 @@
 """One front for every search: options, typed results, compiled per (model, options).
 
 `decode_batch` encodes a padded feature batch and runs greedy or beam search (modified beam
-search; for TDT models, their own greedy and beam searches) or, on a hybrid network,
-greedy CTC search, in one compiled graph; every search returns the same `Hypothesis`. `decode_nbest` returns each utterance's n-best list
-(beam search: the beam, best first; greedy: one).
+search; for TDT models, their own greedy and beam searches) or, on a hybrid network, greedy
+CTC search, in one compiled graph; every search returns the same `Hypothesis`.
+`decode_nbest` returns each utterance's n-best list (beam search: the beam, best first;
+greedy: one).
 """
 
 from __future__ import annotations

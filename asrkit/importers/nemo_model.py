@@ -1,14 +1,16 @@
 """A NeMo transducer (`.nemo`) as an ordinary asrkit experiment: `asrkit import nemo`.
 
-What is read: NeMo's EncDecRNNTBPEModel (and the transducer of EncDecHybridRNNTCTCBPEModel)
-with a ConformerEncoder (`striding` x4 Conformer or `dw_striding` FastConformer, rel_pos
-attention), an RNNTDecoder (LSTM, blank as padding), an RNNTJoint (RNN-T or TDT), a
-SentencePiece tokenizer and the AudioToMelSpectrogramPreprocessor. Every setting that
-changes what the model computes is checked; one asrkit does not implement is refused with
-a line naming the config key and its value. Settings that only act in NeMo's training
-(dither, spec augment, dropout rates other than the encoder's one) are left, and listed in
-the import's notes. The encoder is asrkit's Conformer with NeMo's options (relative
-attention, NeMo's subsampling, xscaling, torch's norm epsilon, BatchNorm).
+What is read: NeMo's EncDecRNNTBPEModel and EncDecHybridRNNTCTCBPEModel (whose CTC head
+becomes the network's `ctc_head`) with a ConformerEncoder (`striding` x4 Conformer or
+`dw_striding` FastConformer, rel_pos attention), an RNNTDecoder (LSTM, blank as padding),
+an RNNTJoint (RNN-T or TDT), a SentencePiece tokenizer and the
+AudioToMelSpectrogramPreprocessor. Every setting that changes what the model computes is
+checked; one asrkit does not implement is refused with a line naming the config key and
+its value. The training settings are mapped where asrkit has them — the loss' reduction,
+the hybrid's CTC weight, FastEmit, SpecAugment, the dropout rates — and every one it does
+not model is listed by key in the import's notes (and in the recorded config's comments).
+The encoder is asrkit's Conformer with NeMo's options (relative attention, NeMo's
+subsampling, xscaling, torch's norm epsilon, BatchNorm).
 
 The experiment is written into a fresh temporary directory beside `--exp-dir` and renamed
 into place only once everything checked out and was written: a failed import leaves
@@ -33,6 +35,7 @@ from asrkit.config import (
     LossConfig,
     ModelConfig,
     PredictorConfig,
+    TrainConfig,
 )
 from asrkit.errors import InputError
 
@@ -104,8 +107,7 @@ def plan_import(nemo: dict, source: str) -> ImportPlan:
             f"{source}: target: {target!r} is not supported (asrkit imports "
             f"{' or '.join(SUPPORTED_MODELS)}: transducers with a SentencePiece tokenizer)"
         )
-    if target.endswith("EncDecHybridRNNTCTCBPEModel") or "aux_ctc" in nemo:
-        notes.append("the hybrid model's CTC head is not imported (the transducer is)")
+    hybrid = target.endswith("EncDecHybridRNNTCTCBPEModel") or "aux_ctc" in nemo
     tokenizer = _Section(source, "tokenizer", nemo.get("tokenizer"))
     tokenizer.require("type", "bpe", ("bpe",))
     features = _features(_Section(source, "preprocessor", nemo.get("preprocessor")), notes)
@@ -116,24 +118,116 @@ def plan_import(nemo: dict, source: str) -> ImportPlan:
     net = _Section(source, "joint.jointnet", joint.get("jointnet", {}))
     activation = net.require("activation", "relu", ("relu", "tanh"))
     if net.get("dropout", 0.0):
-        notes.append(f"joint.jointnet.dropout {net.get('dropout')} is not modelled (training only)")
+        notes.append(f"joint.jointnet.dropout {net.get('dropout')} is not modelled (the joint "
+                     "trains without dropout)")  # fmt: skip
     durations = _durations(nemo, joint, source)
     greedy = _Section(source, "decoding.greedy", (nemo.get("decoding") or {}).get("greedy") or {})
     max_symbols = int(greedy.get("max_symbols", 10) or 10)
     model = ModelConfig(
         encoder=encoder, predictor=predictor, joint_dim=int(net.get("joint_hidden", 640)),
-        joint_activation=activation, durations=durations,
+        joint_activation=activation, durations=durations, ctc_head=hybrid, torch_biases=True,
     )  # fmt: skip
-    data = DataConfig(tokenizer="tokenizer", cmvn=None)
-    tdt = (nemo.get("loss") or {}).get("tdt_kwargs") or {}
-    loss = LossConfig(
-        kind="tdt", sigma=float(tdt.get("sigma", 0.0)), omega=float(tdt.get("omega", 0.0))
-    ) if durations else LossConfig()  # fmt: skip
+    data = DataConfig(tokenizer="tokenizer", cmvn=None, **_spec_augment(nemo, source, notes))
+    loss = _loss(nemo, source, bool(durations), hybrid, notes)
     config = ExperimentConfig(
-        model=model, loss=loss, data=data, features=features,
+        model=model, loss=loss, data=data, features=features, train=_train(nemo, notes),
         decode=DecodeConfig(max_symbols_per_step=max_symbols),
     )  # fmt: skip
     return ImportPlan(config, "TDT" if durations else "RNN-T", tuple(notes))
+
+
+# NeMo's rnnt_reduction (and ctc_reduction) -> loss.normalize_by; asrkit divides the
+# window's summed loss by its count over all micro-batches and replicas.
+REDUCTIONS = {"mean_volume": "tokens", "mean_batch": "utterances", "mean": "utterance_tokens"}
+
+
+def _loss(nemo: dict, source: str, tdt: bool, hybrid: bool, notes: list[str]) -> LossConfig:
+    """NeMo's loss settings: the reduction, the TDT sigma and omega, FastEmit, the hybrid's
+    CTC weight (interpolated, as NeMo's hybrids combine their losses)."""
+    section = nemo.get("loss") or {}
+    kwargs = section.get("tdt_kwargs" if tdt else f"{section.get('loss_name', 'default')}_kwargs")
+    kwargs = kwargs or section.get("warprnnt_numba_kwargs") or {}
+    reduction = nemo.get("rnnt_reduction", "mean_batch")
+    if reduction not in REDUCTIONS:
+        raise UnsupportedNemoModel(
+            f"{source}: rnnt_reduction: {reduction!r} is not supported (asrkit imports "
+            f"{', '.join(REDUCTIONS)}: a window's loss is always divided by a count)"
+        )
+    settings = dict(kind="tdt" if tdt else "full", normalize_by=REDUCTIONS[reduction])
+    if tdt:
+        settings.update(sigma=float(kwargs.get("sigma", 0.0)),
+                        omega=float(kwargs.get("omega", 0.0)))  # fmt: skip
+    fastemit = float(kwargs.get("fastemit_lambda", 0.0) or 0.0)
+    if fastemit and tdt:
+        notes.append(f"loss.tdt_kwargs.fastemit_lambda {fastemit} is not modelled (asrkit's "
+                     "FastEmit is the RNN-T loss')")  # fmt: skip
+    elif fastemit:
+        settings["fastemit_lambda"] = fastemit
+    clamp = kwargs.get("clamp", -1.0)
+    if clamp not in (None, -1, -1.0):
+        notes.append(f"the loss' clamp {clamp} (a bound on the joint's gradient) is not modelled")
+    if hybrid:
+        aux = nemo.get("aux_ctc") or {}
+        settings.update(ctc_weight=float(aux.get("ctc_loss_weight", 0.5)), ctc_interpolate=True)
+        ctc_reduction = aux.get("ctc_reduction", "mean_batch")
+        if REDUCTIONS.get(ctc_reduction) != settings["normalize_by"]:
+            notes.append(
+                f"aux_ctc.ctc_reduction {ctc_reduction!r} differs from rnnt_reduction "
+                f"{reduction!r}: asrkit divides the whole loss one way ({reduction}'s)"
+            )
+    try:
+        return LossConfig(**settings)
+    except ValueError as err:
+        raise UnsupportedNemoModel(f"{source}: loss: {err}") from None
+
+
+def _train(nemo: dict, notes: list[str]) -> TrainConfig:
+    """NeMo's AdamW settings (betas, eps, weight decay); its learning rate and schedule are
+    the pre-training's, not a fine-tuning's: left to the fine-tuning config."""
+    optim = nemo.get("optim") or {}
+    if not optim:
+        return TrainConfig()
+    name = str(optim.get("name", "adamw")).lower()
+    if name not in ("adamw", "adam"):
+        notes.append(f"optim.name {name!r}: asrkit fine-tunes with AdamW")
+        return TrainConfig()
+    if name == "adam" and optim.get("weight_decay"):
+        notes.append("optim.name 'adam' decays weights inside the gradient (L2); asrkit's "
+                     "AdamW decouples it")  # fmt: skip
+    betas = optim.get("betas") or [0.9, 0.999]
+    notes.append(f"optim.lr {optim.get('lr')} and optim.sched are the pre-training's: set "
+                 "train.learning_rate and its schedule for fine-tuning")  # fmt: skip
+    try:
+        return TrainConfig(
+            adam_beta_1=float(betas[0]), adam_beta_2=float(betas[1]),
+            adam_epsilon=float(optim.get("eps", 1e-8)),
+            weight_decay=float(optim.get("weight_decay", 0.0) or 0.0),
+        )  # fmt: skip
+    except (TypeError, ValueError, IndexError):
+        notes.append(f"optim: {optim!r} is not read (asrkit's AdamW defaults are kept)")
+        return TrainConfig()
+
+
+def _spec_augment(nemo: dict, source: str, notes: list[str]) -> dict:
+    """NeMo's spec_augment section as asrkit's data.spec_* keys (none: SpecAugment off)."""
+    spec = nemo.get("spec_augment")
+    if not spec:
+        return {"spec_augment": False}
+    section = _Section(source, "spec_augment", spec)
+    section.target("SpectrogramAugmentation")
+    if section.get("rect_masks", 0):
+        notes.append(f"spec_augment.rect_masks {section.get('rect_masks')} (SpecCutout) is "
+                     "not modelled")  # fmt: skip
+    width = section.get("time_width", 10)
+    if isinstance(width, float) and not 0 <= width <= 1:
+        section.refuse("time_width", width, "a fraction in [0, 1] or a frame count")
+    freq_masks, time_masks = int(section.get("freq_masks", 0)), int(section.get("time_masks", 0))
+    return dict(
+        spec_augment=bool(freq_masks or time_masks), spec_freq_masks=freq_masks,
+        spec_freq_width=int(section.get("freq_width", 10)), spec_time_masks=time_masks,
+        **({"spec_time_width": float(width)} if isinstance(width, float)
+           else {"spec_time_frames": int(width)}),
+    )  # fmt: skip
 
 
 def _features(pre: _Section, notes: list[str]) -> FeatureConfig:
@@ -158,7 +252,8 @@ def _features(pre: _Section, notes: list[str]) -> FeatureConfig:
         pre.refuse("log_zero_guard_value", guard, "a number, 'tiny' or 'eps'")
     preemph = pre.get("preemph", 0.97)
     if pre.get("dither", 1e-5):
-        notes.append("preprocessor.dither is not applied (NeMo adds it in training only)")
+        notes.append(f"preprocessor.dither {pre.get('dither', 1e-5)} is not modelled (asrkit "
+                     "extracts training features once, without dither)")  # fmt: skip
     highfreq = pre.get("highfreq") or rate / 2
     try:
         return FeatureConfig(
@@ -196,13 +291,9 @@ def _encoder(enc: _Section, features: FeatureConfig, notes: list[str]) -> Encode
     d_model = int(enc.get("d_model"))
     channels = int(enc.get("subsampling_conv_channels", -1))
     dropout = float(enc.get("dropout", 0.1))
-    for key in ("dropout_pre_encoder", "dropout_att"):  # asrkit draws these at `dropout`
-        value = enc.get(key, dropout)
-        if value != dropout:
-            notes.append(f"encoder.{key} {value} is trained at encoder.dropout {dropout}")
     for key in ("dropout_emb", "stochastic_depth_drop_prob"):
         if enc.get(key, 0.0):
-            notes.append(f"encoder.{key} {enc.get(key)} is not modelled (training only)")
+            notes.append(f"encoder.{key} {enc.get(key)} is not modelled (trained without)")
     try:
         return EncoderConfig(
             kind="conformer", d_model=d_model, num_blocks=int(enc.get("n_layers")),
@@ -214,10 +305,17 @@ def _encoder(enc: _Section, features: FeatureConfig, notes: list[str]) -> Encode
             xscaling=bool(enc.get("xscaling", True)), use_bias=bool(enc.get("use_bias", True)),
             norm_epsilon=TORCH_NORM_EPSILON, conv_norm="frozen_batch",
             batch_norm_momentum=1.0 - TORCH_BATCH_NORM_MOMENTUM, dropout=dropout,
-            final_norm="block",
+            attention_dropout=_rate(enc, "dropout_att", dropout),
+            pre_encoder_dropout=_rate(enc, "dropout_pre_encoder", dropout), final_norm="block",
         )  # fmt: skip
     except (TypeError, ValueError) as err:
         raise UnsupportedNemoModel(f"{enc.source}: encoder: {err}") from None
+
+
+def _rate(enc: _Section, key: str, dropout: float) -> float | None:
+    """A NeMo dropout rate as asrkit's key (None where it equals `dropout`)."""
+    value = enc.get(key, dropout)
+    return None if value is None or float(value) == dropout else float(value)
 
 
 def _predictor(dec: _Section) -> PredictorConfig:
@@ -262,6 +360,15 @@ def _durations(nemo: dict, joint: _Section, source: str) -> tuple[int, ...]:
         raise UnsupportedNemoModel(f"{source}: TDT durations: {err}") from None
 
 
+def _notes_header(source: str, notes: tuple[str, ...]) -> str:
+    """The recorded config's opening comments: where it came from, what was left out."""
+    lines = [f"# Imported from {Path(source).name} by `asrkit import nemo`."]
+    if notes:
+        lines.append("# NeMo settings this config does not model:")
+        lines += [f"#   - {note}" for note in notes]
+    return "\n".join(lines) + "\n"
+
+
 # What an imported model is taken to have been trained on when its config does not say
 # (train_ds.max_duration): NeMo's FastConformer templates filter training audio to 20 s.
 NEMO_DEFAULT_MAX_SECONDS = 20.0
@@ -304,7 +411,7 @@ def import_nemo(nemo_path: str | os.PathLike, exp_dir: str | os.PathLike) -> Imp
 
     weights = {
         k: v for k, v in archive.weights.items()
-        if not k.startswith(("ctc_decoder.", "preprocessor.", "spec_augmentation."))
+        if not k.startswith(("preprocessor.", "spec_augmentation."))
     }  # fmt: skip
     check_feature_buffers(archive.weights, plan.config.features, source)
     model_ref = (archive.config.get("tokenizer") or {}).get("model_path")
@@ -317,7 +424,7 @@ def import_nemo(nemo_path: str | os.PathLike, exp_dir: str | os.PathLike) -> Imp
         )
         network = build_network(plan.config, tokenizer.vocab_size)
         assign_nemo_transducer(network, weights, source)
-        (tmp / CONFIG_FILE).write_text(dump_config(plan.config))
+        (tmp / CONFIG_FILE).write_text(_notes_header(source, plan.notes) + dump_config(plan.config))
         write_training_lengths(tmp, nemo_training_lengths(archive.config))
         CheckpointManager(tmp / "checkpoints").save(
             network, TrainState(epoch=0, micro_batches=0, updates=0)

@@ -142,9 +142,9 @@ def blank_first(rows: np.ndarray, vocab_with_blank: int) -> np.ndarray:
 
 def assign_nemo_transducer(network, state: dict[str, np.ndarray], source: str = "") -> None:
     """Fills a built asrkit Transducer (a Conformer with NeMo's options, LSTM predictor with
-    blank_as_pad, relu/tanh joint) from a NeMo EncDecRNNTBPEModel's whole state dict.
-    Tensors of heads asrkit does not import (e.g. a hybrid model's `ctc_decoder.`) must be
-    removed from `state` first. Errors name `source` (the file)."""
+    blank_as_pad, relu/tanh joint, and for a hybrid model the CTC head) from a NeMo
+    EncDecRNNTBPEModel's or EncDecHybridRNNTCTCBPEModel's whole state dict (the
+    preprocessor's and augmentation's buffers removed). Errors name `source` (the file)."""
     try:
         _assign_transducer(network, state)
     except WeightMismatch as err:
@@ -168,13 +168,20 @@ def _assign_transducer(network, state: dict[str, np.ndarray]) -> None:
         cell = lstm.cell
         a.put(cell.kernel, a.take(f"{key}.weight_ih_l{k}").T, f"{key}.weight_ih_l{k}")
         a.put(cell.recurrent_kernel, a.take(f"{key}.weight_hh_l{k}").T, f"{key}.weight_hh_l{k}")
-        bias = a.take(f"{key}.bias_ih_l{k}") + a.take(f"{key}.bias_hh_l{k}")
-        a.put(cell.bias, bias, f"{key}.bias_ih_l{k} + bias_hh_l{k}")
+        if getattr(cell, "input_bias", None) is not None:  # torch's two biases, kept apart
+            a.put(cell.input_bias, a.take(f"{key}.bias_ih_l{k}"), f"{key}.bias_ih_l{k}")
+            a.put(cell.bias, a.take(f"{key}.bias_hh_l{k}"), f"{key}.bias_hh_l{k}")
+        else:
+            bias = a.take(f"{key}.bias_ih_l{k}") + a.take(f"{key}.bias_hh_l{k}")
+            a.put(cell.bias, bias, f"{key}.bias_ih_l{k} + bias_hh_l{k}")
     joint = network.joint
-    # hidden = enc(e) + pred(p): both biases are one bias of the sum.
     a.put(joint.encoder_proj.kernel, a.take("joint.enc.weight").T, "joint.enc.weight")
-    a.put(joint.encoder_proj.bias, a.take("joint.enc.bias") + a.take("joint.pred.bias"),
-          "joint.enc.bias + joint.pred.bias")  # fmt: skip
+    if joint.predictor_bias:
+        a.put(joint.encoder_proj.bias, a.take("joint.enc.bias"), "joint.enc.bias")
+        a.put(joint.predictor_proj.bias, a.take("joint.pred.bias"), "joint.pred.bias")
+    else:  # hidden = enc(e) + pred(p): both biases are one bias of the sum
+        a.put(joint.encoder_proj.bias, a.take("joint.enc.bias") + a.take("joint.pred.bias"),
+              "joint.enc.bias + joint.pred.bias")  # fmt: skip
     a.put(joint.predictor_proj.kernel, a.take("joint.pred.weight").T, "joint.pred.weight")
     out_key = next((k for k in ("joint.joint_net.2", "joint.joint_net.1")
                     if f"{k}.weight" in state), "joint.joint_net.1")  # fmt: skip
@@ -190,6 +197,16 @@ def _assign_transducer(network, state: dict[str, np.ndarray]) -> None:
     if durations:
         a.put(joint.duration_layer.kernel, weight[vocab:].T, f"{out_key}.weight (durations)")
         a.put(joint.duration_layer.bias, bias[vocab:], f"{out_key}.bias (durations)")
+    if network.ctc_head is not None:  # NeMo's ConvASRDecoder: a pointwise Conv1d
+        key = "ctc_decoder.decoder_layers.0"
+        weight = a.take(f"{key}.weight")
+        if weight.shape[0] != vocab:
+            raise WeightMismatch(
+                f"{key}.weight: {weight.shape[0]} outputs for a vocabulary of {vocab - 1} + "
+                "blank (is the CTC head the model's own?)"
+            )
+        a.put(network.ctc_head.kernel, blank_first(weight[:, :, 0], vocab).T, f"{key}.weight")
+        a.put(network.ctc_head.bias, blank_first(a.take(f"{key}.bias"), vocab), f"{key}.bias")
     left = sorted(set(state) - used - a.used)
     if left:
         raise WeightMismatch(

@@ -1,10 +1,11 @@
-"""An auxiliary CTC loss on the encoder frames (training only).
+"""The CTC loss of a hybrid network's CTC head on the encoder frames.
 
-A linear head maps each encoder frame to the vocabulary (the transducer's blank is CTC's
-blank); its CTC loss, weighted by `loss.ctc_weight`, is added to each utterance's RNN-T
-loss. The encoder then gets a direct, frame-level training signal from the first update, as
-in hybrid CTC/transducer training (icefall, ESPnet), instead of one that must pass through
-a joint and a predictor that are still learning.
+The head (`model.ctc_head`) maps each encoder frame to the vocabulary (the transducer's
+blank is CTC's blank); its CTC loss, weighted by `loss.ctc_weight`, is added to each
+utterance's transducer loss (or interpolated with it, as NeMo's hybrids do). The encoder
+then gets a direct, frame-level training signal from the first update, as in hybrid
+CTC/transducer training (icefall, ESPnet, NeMo), instead of one that must pass through a
+joint and a predictor that are still learning.
 
 An utterance CTC cannot align — fewer frames than its labels plus the repeats that need a
 blank between them — adds 0 (and no gradient) rather than infinity, so it cannot make the

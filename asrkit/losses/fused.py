@@ -99,7 +99,17 @@ def _chunk_logits(enc_chunks, pred, kernel, bias, i, activation):
 
 
 def _loss(
-    enc, pred, kernel, bias, labels, logit_lengths, label_lengths, blank, chunk, delay, act,
+    enc,
+    pred,
+    kernel,
+    bias,
+    labels,
+    logit_lengths,
+    label_lengths,
+    blank,
+    chunk,
+    delay,
+    act,
     fastemit=0.0,
 ):
     @tf.custom_gradient
@@ -146,7 +156,17 @@ def _forward_chunks(padded, chunks, pred, kernel, bias, next_label, blank, chunk
 
 @functools.partial(tf.function, reduce_retracing=True, autograph=False)
 def _backward(
-    padded, chunks, pred, kernel, bias, upstream, saved, blank, chunk, frames, act,
+    padded,
+    chunks,
+    pred,
+    kernel,
+    bias,
+    upstream,
+    saved,
+    blank,
+    chunk,
+    frames,
+    act,
     label_scale=1.0,
 ):
     post_blank, post_label = posteriors(saved, upstream, frames, label_scale)  # [B, T, U+1]

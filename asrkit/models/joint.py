@@ -1,7 +1,8 @@
 """The joint network: one encoder frame and one predictor state -> logits over V.
 
 hidden = activation(encoder_proj(e) + predictor_proj(p)); logits = output(hidden). A TDT
-joint also gives `durations` logits from the same hidden vector (`duration_logits`)."""
+joint also gives `durations` logits from the same hidden vector (`duration_logits`).
+`predictor_bias`: the predictor projection has a bias of its own (torch's layout)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ from asrkit.models.layers import CompositeLayer
 class Joint(CompositeLayer):
     def __init__(
         self, *, vocab_size: int, dim: int, activation: str = "tanh", durations: int = 0,
-        **kwargs,
+        predictor_bias: bool = False, **kwargs,
     ):  # fmt: skip
         super().__init__(**kwargs)
         self.vocab_size, self.dim = vocab_size, dim
         self.activation, self.durations = activation, durations
+        self.predictor_bias = predictor_bias
         self.encoder_proj = keras.layers.Dense(dim, name="encoder_proj")
-        self.predictor_proj = keras.layers.Dense(dim, use_bias=False, name="predictor_proj")
+        self.predictor_proj = keras.layers.Dense(
+            dim, use_bias=predictor_bias, name="predictor_proj"
+        )
         self.output_layer = keras.layers.Dense(vocab_size, name="output")
         self.duration_layer = keras.layers.Dense(durations, name="durations") if durations else None
 
@@ -63,7 +67,8 @@ class Joint(CompositeLayer):
 
     def get_config(self):
         return {**super().get_config(), "vocab_size": self.vocab_size, "dim": self.dim,
-                "activation": self.activation, "durations": self.durations}  # fmt: skip
+                "activation": self.activation, "durations": self.durations,
+                "predictor_bias": self.predictor_bias}  # fmt: skip
 
 
 @keras.saving.register_keras_serializable(package="asrkit")

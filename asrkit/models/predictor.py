@@ -5,7 +5,8 @@ sees only it); `step(tokens, state)` advances one label at a time for decoding. 
 is a nested structure of [B, ...] tensors that decoders carry without looking inside.
 
 Two kinds (`model.predictor.kind`):
-* `lstm`: embedding -> LSTM layers; the state is each layer's (h, c).
+* `lstm`: embedding -> LSTM layers; the state is each layer's (h, c). With `input_bias`
+  each layer has torch's second bias, on its input (`TorchLSTMCell`).
 * `stateless`: the last `context_size` labels only (Ghodsi et al. 2020, "Rnn-transducer
   with stateless prediction network"; icefall's default): their embeddings, concatenated,
   through one dense layer. No recurrence, so no sequential loop over labels in training;
@@ -32,16 +33,19 @@ class LSTMPredictor(CompositeLayer):
         num_layers: int,
         dropout: float,
         blank_as_pad: bool = False,
+        input_bias: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.vocab_size, self.embed_dim, self.units = vocab_size, embed_dim, units
         self.num_layers, self.dropout, self.blank_as_pad = num_layers, dropout, blank_as_pad
+        self.input_bias = input_bias
         self.embedding = keras.layers.Embedding(vocab_size, embed_dim, name="embedding")
         self.lstms = [
-            keras.layers.LSTM(units, return_sequences=True, return_state=True)
+            keras.layers.RNN(TorchLSTMCell(units), return_sequences=True, return_state=True)
+            if input_bias else keras.layers.LSTM(units, return_sequences=True, return_state=True)
             for _ in range(num_layers)
-        ]
+        ]  # fmt: skip
         self.drop = keras.layers.Dropout(dropout)
 
     @property
@@ -87,7 +91,29 @@ class LSTMPredictor(CompositeLayer):
             "num_layers": self.num_layers,
             "dropout": self.dropout,
             "blank_as_pad": self.blank_as_pad,
+            "input_bias": self.input_bias,
         }
+
+
+@keras.saving.register_keras_serializable(package="asrkit")
+class TorchLSTMCell(keras.layers.LSTMCell):
+    """An LSTM cell with torch's two biases: gates = x·W + b_input + h·U + b (Keras' gate
+    order i, f, c, o; sigmoid and tanh). The same function as one bias of their sum, but
+    each is its own variable, so an optimizer moves them as torch's does."""
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        self.input_bias = self.add_weight(
+            shape=(4 * self.units,), initializer="zeros", name="input_bias"
+        )
+
+    def call(self, inputs, states, training=False):
+        h, c = states
+        z = inputs @ self.kernel + self.input_bias + h @ self.recurrent_kernel + self.bias
+        i, f, g, o = tf.split(z, 4, axis=-1)
+        c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
+        h = tf.sigmoid(o) * tf.tanh(c)
+        return h, [h, c]
 
 
 @keras.saving.register_keras_serializable(package="asrkit")
@@ -148,8 +174,9 @@ class StatelessPredictor(CompositeLayer):
         }
 
 
-def build_predictor(vocab_size: int, config) -> keras.layers.Layer:
-    """The predictor a `PredictorConfig` describes."""
+def build_predictor(vocab_size: int, config, torch_biases: bool = False) -> keras.layers.Layer:
+    """The predictor a `PredictorConfig` describes (`torch_biases`: LSTM layers with
+    torch's second bias)."""
     if config.kind == "stateless":
         return StatelessPredictor(
             vocab_size=vocab_size, embed_dim=config.embed_dim, units=config.units,
@@ -158,5 +185,5 @@ def build_predictor(vocab_size: int, config) -> keras.layers.Layer:
     return LSTMPredictor(
         vocab_size=vocab_size, embed_dim=config.embed_dim, units=config.units,
         num_layers=config.num_layers, dropout=config.dropout,
-        blank_as_pad=config.blank_as_pad, name="predictor",
+        blank_as_pad=config.blank_as_pad, input_bias=torch_biases, name="predictor",
     )  # fmt: skip

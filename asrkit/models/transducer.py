@@ -48,10 +48,10 @@ class Transducer(keras.Model):
             config = model_config_from_dict(config)
         self.vocab_size, self.config = int(vocab_size), config
         self.encoder = build_encoder(config.encoder)
-        self.predictor = build_predictor(vocab_size, config.predictor)
+        self.predictor = build_predictor(vocab_size, config.predictor, config.torch_biases)
         self.joint = Joint(
             vocab_size=vocab_size, dim=config.joint_dim, activation=config.joint_activation,
-            durations=len(config.durations), name="joint",
+            durations=len(config.durations), predictor_bias=config.torch_biases, name="joint",
         )  # fmt: skip
         self.ctc_head = keras.layers.Dense(vocab_size, name="ctc_head") if config.ctc_head else None
 

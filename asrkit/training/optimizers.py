@@ -1,11 +1,14 @@
 """The optimizers `train.optimizer` names, and what their state costs in memory.
 
 `adamw` keeps two float32 slots per weight (first and second moments): 8 bytes per
-parameter, 4.8 GB for a 0.6 B model, more than its weights. `adafactor` (Shazeer & Stern,
-2018) keeps no first moment and, for every matrix, only the row and column means of the
-squared gradients: its state is a few bytes per row and column. Keras' `Adafactor` computes
-the same update but stores the factored second moment expanded to a full-size slot per
-matrix as well (4 bytes per parameter); `FactoredAdafactor` rebuilds it on the fly instead.
+parameter, 4.8 GB for a 0.6 B model, more than its weights. Its update is torch's AdamW
+(NeMo's optimizer): epsilon is added to the bias-corrected root mean square, where Keras'
+AdamW adds it before the correction (a difference that matters for small gradients).
+`adafactor` (Shazeer & Stern, 2018) keeps no first moment and, for every matrix, only the
+row and column means of the squared gradients: its state is a few bytes per row and column.
+Keras' `Adafactor` computes the same update but stores the factored second moment expanded
+to a full-size slot per matrix as well (4 bytes per parameter); `FactoredAdafactor`
+rebuilds it on the fly instead.
 
 Both are plain Keras optimizers: the accumulation engine applies them once per window with
 the reduced gradient, like any other.
@@ -70,9 +73,48 @@ class FactoredAdafactor(keras.optimizers.Adafactor):
         self.assign_sub(variable, alpha * update)
 
 
-def build_optimizer(kind: str, learning_rate, weight_decay: float):
+class AdamW(keras.optimizers.Optimizer):
+    """torch's AdamW: w ← w − lr · wd · w, then w ← w − lr · m̂ / (√v̂ + ε) with the
+    bias-corrected moments m̂ = m / (1 − β₁ᵗ), v̂ = v / (1 − β₂ᵗ). Its slots are Keras'
+    AdamW's (a `momentum` and a `velocity` per weight, in that order)."""
+
+    def __init__(self, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+                 weight_decay=0.01, name="adamw", **kwargs):  # fmt: skip
+        super().__init__(learning_rate=learning_rate, weight_decay=weight_decay, name=name,
+                         **kwargs)  # fmt: skip
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+
+    def build(self, var_list):
+        if self.built:
+            return
+        super().build(var_list)
+        self._m = [self.add_variable_from_reference(v, name="momentum") for v in var_list]
+        self._v = [self.add_variable_from_reference(v, name="velocity") for v in var_list]
+
+    def update_step(self, gradient, variable, learning_rate):
+        lr = ops.cast(learning_rate, variable.dtype)
+        gradient = ops.cast(gradient, variable.dtype)
+        step = ops.cast(self.iterations + 1, variable.dtype)
+        beta_1 = ops.cast(self.beta_1, variable.dtype)
+        beta_2 = ops.cast(self.beta_2, variable.dtype)
+        index = variable_index(self, variable)
+        m, v = self._m[index], self._v[index]
+        self.assign_add(m, (gradient - m) * (1 - beta_1))
+        self.assign_add(v, (ops.square(gradient) - v) * (1 - beta_2))
+        m_hat = m / (1 - ops.power(beta_1, step))
+        v_hat = v / (1 - ops.power(beta_2, step))
+        self.assign_sub(variable, lr * m_hat / (ops.sqrt(v_hat) + self.epsilon))
+
+    def get_config(self):
+        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
+                "epsilon": self.epsilon}  # fmt: skip
+
+
+def build_optimizer(kind: str, learning_rate, weight_decay: float, betas=(0.9, 0.999),
+                    epsilon: float = 1e-8):  # fmt: skip
     """`train.optimizer` as a Keras optimizer with the given schedule and decoupled weight
-    decay (both apply the decay as lr · decay · w)."""
+    decay (both apply the decay as lr · decay · w); `betas` and `epsilon` are AdamW's."""
     if kind == "adafactor":
         return FactoredAdafactor(learning_rate, weight_decay=weight_decay or None)
-    return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
+    return AdamW(learning_rate, beta_1=betas[0], beta_2=betas[1], epsilon=epsilon,
+                 weight_decay=weight_decay)  # fmt: skip

@@ -6,11 +6,11 @@ The task owns the loss (`LossConfig`, the config's `loss:` section) and the head
 included). `compute_loss_terms` returns (Σ per-utterance losses, count) — each utterance's
 transducer loss combined with its CTC loss by `loss.ctc_weight` (added, or interpolated as
 NeMo's hybrids do) — with the count set by `loss.normalize_by`: tokens (Σ label_lengths),
-utterances, or utterances with each loss first divided by its own tokens. `loss.kind` picks the transducer loss (`TRANSDUCER_LOSSES`):
-the full RNN-T loss, k2's pruned loss or the TDT loss, each fused with the joint's output
-layer chunk by chunk under `loss.fused`; the encoder is any `asrkit.models.encoder.Encoder`.
-`fit` on the task is the user's training API; `task.network` is what decoding, export and
-fine-tuning use.
+utterances, or utterances with each loss first divided by its own tokens. `loss.kind` picks
+the transducer loss (`TRANSDUCER_LOSSES`): the full RNN-T loss, k2's pruned loss or the TDT
+loss, each fused with the joint's output layer chunk by chunk under `loss.fused`; the
+encoder is any `asrkit.models.encoder.Encoder`. `fit` on the task is the user's training
+API; `task.network` is what decoding, export and fine-tuning use.
 """
 
 from __future__ import annotations

@@ -153,7 +153,9 @@ def build_task(
     freeze_encoder(network, t.freeze_encoder)
     if optimizer is None:
         schedule = learning_rate_schedule(config, total_updates)
-        optimizer = build_optimizer(t.optimizer, schedule, t.weight_decay)
+        optimizer = build_optimizer(
+            t.optimizer, schedule, t.weight_decay, (t.adam_beta_1, t.adam_beta_2), t.adam_epsilon
+        )
     task = TransducerTask(network, config.loss, name="transducer_task")
     task.compile(
         optimizer,

@@ -19,7 +19,7 @@ from asrkit.models.convolution import ConvolutionModule
 from asrkit.models.joint import Joint, SimpleJoiner
 from asrkit.models.layers import BatchNorm
 from asrkit.models.lstm_encoder import LSTMEncoder
-from asrkit.models.predictor import LSTMPredictor, StatelessPredictor
+from asrkit.models.predictor import LSTMPredictor, StatelessPredictor, TorchLSTMCell
 from asrkit.models.subsampling import ConvSubsampling, StridingSubsampling
 from asrkit.models.transducer import Transducer
 from asrkit.training.task import LossHeads, TransducerTask
@@ -198,6 +198,11 @@ LAYERS = {
         lambda: Transducer(10, TINY_MODEL),
         lambda m: m((FEATS, FEAT_LENGTHS, LABELS)),
     ),
+    "torch_lstm_cell": (
+        TorchLSTMCell,
+        lambda: TorchLSTMCell(6),
+        lambda m: m(tf.constant(X[:, 0]), [tf.constant(X[:, 1, :6]), tf.constant(X[:, 2, :6])])[0],
+    ),
     "hybrid_transducer": (
         Transducer,
         lambda: Transducer(10, dataclasses.replace(TINY_MODEL, ctc_head=True)),
@@ -361,3 +366,21 @@ def test_an_empty_batch_runs_in_graph_mode_with_no_loss_and_no_items(kind):
     assert [None if g is None else tuple(g.shape) for g in grads] == [
         None if g is None else s for g, s in zip(grads, shapes, strict=True)
     ]
+
+
+def test_torchs_two_lstm_biases_compute_what_one_bias_of_their_sum_does():
+    """TorchLSTMCell (torch's b_ih and b_hh) = Keras' LSTMCell with their sum as its bias,
+    and a predictor with torch's biases = the same predictor with one."""
+    rng = np.random.default_rng(2)
+    x, h, c = (tf.constant(rng.standard_normal((3, n)).astype(np.float32)) for n in (5, 6, 6))
+    torch_like, keras_cell = TorchLSTMCell(6), keras.layers.LSTMCell(6)
+    torch_like(x, [h, c])
+    keras_cell(x, [h, c])
+    for v in torch_like.weights:
+        v.assign(rng.standard_normal(v.shape).astype(np.float32))
+    kernel, recurrent, bias, input_bias = (w.numpy() for w in torch_like.weights)
+    keras_cell.set_weights([kernel, recurrent, bias + input_bias])
+    got, (_, got_c) = torch_like(x, [h, c])
+    want, (_, want_c) = keras_cell(x, [h, c])
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    np.testing.assert_allclose(got_c, want_c, atol=1e-6)

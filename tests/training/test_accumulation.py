@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.training.optimizers import FactoredAdafactor
+from asrkit.training.optimizers import AdamW, FactoredAdafactor
 from tests.training.toy import (
     TokenRegressor,
     assert_weights_close,
@@ -28,6 +28,7 @@ OPTIMIZERS = {
     "adam": lambda: keras.optimizers.Adam(0.05),
     "adamw": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.1),
     "adafactor": lambda: FactoredAdafactor(0.05, weight_decay=0.1),
+    "torch_adamw": lambda: AdamW(0.05, beta_2=0.98, weight_decay=0.1),
     # EMA overwrites the weights every 2 updates: it must count updates, not micro-steps.
     "adam_ema": lambda: keras.optimizers.Adam(
         0.05, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=2

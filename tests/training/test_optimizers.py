@@ -1,12 +1,12 @@
 """`train.optimizer`: the factored Adafactor makes Keras' Adafactor updates with a fraction
-of its state."""
+of its state; AdamW makes torch's AdamW updates (NumPy, from torch's documented rule)."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.training.optimizers import FactoredAdafactor, build_optimizer
+from asrkit.training.optimizers import AdamW, FactoredAdafactor, build_optimizer
 from asrkit.training.schedules import WarmupInverseSqrt
 
 SHAPES = [(6, 4), (3, 5, 2), (7,), ()]
@@ -52,3 +52,34 @@ def test_its_state_is_the_row_and_column_factors_only():
     adamw = build_optimizer("adamw", 0.1, 0.01)
     _run(adamw, steps=1)
     assert _slot_sizes(adamw) == 2 * (24 + 30 + 7)
+
+
+def _torch_adamw(steps, lr, betas, eps, decay, seed=0):
+    """torch.optim.AdamW's documented update in NumPy, on _run's weights and gradients."""
+    rng = np.random.default_rng(seed)
+    weights = [rng.standard_normal(s).astype(np.float64) for s in SHAPES]
+    m = [np.zeros_like(w) for w in weights]
+    v = [np.zeros_like(w) for w in weights]
+    for t in range(1, steps + 1):
+        for i, shape in enumerate(SHAPES):
+            g = rng.standard_normal(shape)
+            weights[i] = weights[i] * (1 - lr * decay)
+            m[i] = betas[0] * m[i] + (1 - betas[0]) * g
+            v[i] = betas[1] * v[i] + (1 - betas[1]) * g * g
+            m_hat, v_hat = m[i] / (1 - betas[0] ** t), v[i] / (1 - betas[1] ** t)
+            weights[i] = weights[i] - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return weights
+
+
+def test_adamw_makes_torchs_adamw_updates():
+    """Epsilon after the bias correction, as torch (and so NeMo) adds it; gradients as small
+    as epsilon would tell Keras' placement apart."""
+    lr, betas, eps, decay = 0.01, (0.9, 0.98), 1e-3, 0.1  # a large epsilon: the test bites
+    got = _run(AdamW(lr, beta_1=betas[0], beta_2=betas[1], epsilon=eps, weight_decay=decay))
+    want = _torch_adamw(6, lr, betas, eps, decay)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    keras_placement = _run(keras.optimizers.AdamW(lr, beta_1=betas[0], beta_2=betas[1],
+                                                  epsilon=eps, weight_decay=decay))  # fmt: skip
+    assert max(np.abs(k - w).max() for k, w in zip(keras_placement, want, strict=True)) > 1e-4
+    assert isinstance(build_optimizer("adamw", lr, decay, betas, eps), AdamW)

@@ -1,0 +1,232 @@
+"""Fine-tuning an imported model as NeMo fine-tunes it, against NeMo 3.0's own training
+step (`tools/make_nemo_fixtures.py --parts steps`): three small models with the published
+templates' training settings — a Conformer RNN-T (mean_batch, FastEmit 5e-3), a
+FastConformer TDT (mean_volume, sigma 0.02) and a hybrid FastConformer TDT-CTC (CTC weight
+0.3) — on the real clips, dropout and BatchNorm in eval mode and SpecAugment off on both
+sides. For each: the import maps NeMo's training settings; the gradient of every parameter
+after asrkit's loss is NeMo's `training_step` gradient; one AdamW update is torch's; and
+asrkit's update from two micro-batches equals NeMo's on their union, where NeMo's own
+accumulation (the mean of the micro-batches' means) does not. Also the hybrid's CTC greedy
+text and NeMo's CPU RNN-T loss with FastEmit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from asrkit.decoding.search import DecodeOptions, decode_batch
+from asrkit.experiment import build_network, load_experiment
+from asrkit.importers.nemo_archive import read_nemo
+from asrkit.importers.nemo_model import import_nemo
+from asrkit.importers.nemo_weights import assign_nemo_transducer
+from asrkit.losses import rnnt_loss
+from asrkit.training.optimizers import build_optimizer
+from asrkit.training.task import TransducerTask
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests/data/nemo"
+STEPS = np.load(DATA / "steps.npz")
+META = json.loads((DATA / "steps.json").read_text())
+KINDS = ("conformer_rnnt", "fastconformer_tdt", "hybrid_tdt_ctc")
+LEARNING_RATE = 1e-3  # the fixture's torch AdamW
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    out = {}
+    for name in KINDS:
+        exp = tmp_path_factory.mktemp(name) / "exp"
+        summary = import_nemo(DATA / f"step_{name}.nemo", exp)
+        out[name] = (summary, load_experiment(exp))
+    return out
+
+
+def _batch(name, rows=slice(None)):
+    """NeMo's features of the clips ([B, F, T] -> [B, T, F]) and its targets as asrkit ids."""
+    features = STEPS["features"][rows].transpose(0, 2, 1)
+    lengths = STEPS["feature_lengths"][rows].astype(np.int32)
+    targets, target_lengths = STEPS[f"{name}/targets"][rows], STEPS[f"{name}/target_lengths"][rows]
+    frames, tokens = int(lengths.max()), int(target_lengths.max())
+    valid = np.arange(targets.shape[1])[None] < target_lengths[:, None]
+    labels = np.where(valid, targets + 1, 0).astype(np.int32)[:, :tokens]
+    return features[:, :frames], lengths, labels, target_lengths.astype(np.int32)
+
+
+def _as_asrkit(experiment, name, what):
+    """NeMo's per-parameter arrays `what` (grad, update, accumulated) in asrkit's layout:
+    assigned through the importer's own mapping to a network of the same config."""
+    state = dict(read_nemo(DATA / f"step_{name}.nemo").weights)
+    state = {k: v for k, v in state.items() if not k.startswith("preprocessor.")}
+    prefix = f"{name}/{what}/"
+    for key in STEPS.files:
+        if key.startswith(prefix):
+            state[key[len(prefix) :]] = STEPS[key]
+    network = build_network(experiment.config, experiment.network.vocab_size)
+    assign_nemo_transducer(network, state)
+    return [v.numpy() for v in network.trainable_variables]
+
+
+def _gradients(experiment, batch):
+    network = experiment.network
+    task = TransducerTask(network, experiment.config.loss)
+    with tf.GradientTape() as tape:
+        total, count = task.compute_loss_terms(batch, training=False)
+        loss = total / tf.cast(count, tf.float32)
+    grads = tape.gradient(loss, network.trainable_variables)
+    return float(loss), [tf.convert_to_tensor(g).numpy() for g in grads]
+
+
+def _close(got, want, what):
+    for g, w, v in zip(got, want, what, strict=True):
+        scale = np.linalg.norm(w)
+        assert np.linalg.norm(g - w) <= 1e-4 * scale + 1e-9, (v.path, np.abs(g - w).max(), scale)
+
+
+def test_the_import_maps_nemos_training_settings(imported):
+    rnnt, tdt, hybrid = (imported[k][1].config for k in KINDS)
+    assert (rnnt.loss.kind, rnnt.loss.normalize_by, rnnt.loss.fastemit_lambda) == (
+        "full", "utterances", 5e-3)  # fmt: skip
+    assert (tdt.loss.kind, tdt.loss.normalize_by, tdt.loss.sigma) == ("tdt", "tokens", 0.02)
+    assert hybrid.model.ctc_head and hybrid.loss.ctc_interpolate
+    assert hybrid.loss.ctc_weight == 0.3 and hybrid.loss.normalize_by == "utterances"
+    for config in (rnnt, tdt, hybrid):
+        enc, data, train = config.model.encoder, config.data, config.train
+        assert (enc.dropout, enc.attention_dropout, enc.pre_encoder_dropout) == (0.1, 0.05, None)
+        assert config.model.predictor.dropout == 0.2
+        assert (data.spec_freq_masks, data.spec_freq_width, data.spec_time_masks,
+                data.spec_time_width) == (2, 27, 10, 0.05)  # fmt: skip
+        assert (train.adam_beta_1, train.adam_beta_2, train.weight_decay) == (0.9, 0.98, 1e-3)
+    notes = " ".join(imported["hybrid_tdt_ctc"][0].plan.notes)
+    assert "joint.jointnet.dropout 0.2" in notes and "CTC head" not in notes
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_every_gradient_is_nemos_training_step_gradient(imported, name):
+    _, experiment = imported[name]
+    loss, grads = _gradients(experiment, _batch(name))
+    assert loss == pytest.approx(META[name]["loss"], rel=1e-5)
+    want = _as_asrkit(experiment, name, "grad")
+    assert len(grads) == len(want) > 20
+    _close(grads, want, experiment.network.trainable_variables)
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_one_adamw_update_on_those_gradients_is_torchs(imported, name):
+    """asrkit's AdamW with the imported settings (NeMo's betas and weight decay), applied to
+    NeMo's gradients, moves every weight as torch's AdamW did. (On its own gradients too,
+    except where a gradient is rounding noise — e.g. the key projection's bias, which
+    softmax ignores — and Adam's first step turns noise into ±lr on either side.)"""
+    _, experiment = imported[name]
+    network, train = experiment.network, experiment.config.train
+    variables = network.trainable_variables
+    before = [v.numpy() for v in variables]
+    optimizer = build_optimizer(
+        "adamw",
+        LEARNING_RATE,
+        train.weight_decay,
+        (train.adam_beta_1, train.adam_beta_2),
+        train.adam_epsilon,
+    )
+    optimizer.apply([tf.constant(g) for g in _as_asrkit(experiment, name, "grad")], variables)
+    after = [v.numpy() for v in variables]
+    for v, b in zip(variables, before, strict=True):
+        v.assign(b)
+    want = _as_asrkit(experiment, name, "update")  # torch's after - before, in float32
+    for got, b, w, v in zip(after, before, want, variables, strict=True):
+        # float32 weights: equal to a unit or two in the last place of the weight
+        np.testing.assert_allclose(got, b + w, rtol=3e-7, atol=1e-8, err_msg=v.path)
+    moved = max(np.abs(a - b).max() for a, b in zip(after, before, strict=True))
+    assert moved == pytest.approx(LEARNING_RATE, rel=0.01)  # Adam's first step: about ±lr
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_two_micro_batches_update_as_nemos_union_does_not_as_nemos_accumulation(imported, name):
+    """asrkit's engine sums the two micro-batches' losses and divides by the window's count;
+    NeMo (Lightning) averages each micro-batch's mean. Shown on the gradient the window
+    applies: asrkit's equals NeMo's union gradient, NeMo's accumulation differs."""
+    _, experiment = imported[name]
+    network = experiment.network
+    task = TransducerTask(network, experiment.config.loss)
+    split = META[name]["split"]
+    sums, count = [tf.zeros_like(v) for v in network.trainable_variables], 0.0
+    for rows in (slice(0, split), slice(split, None)):
+        with tf.GradientTape() as tape:
+            total, n = task.compute_loss_terms(_batch(name, rows), training=False)
+        grads = tape.gradient(total, network.trainable_variables)
+        sums = [s + tf.convert_to_tensor(g) for s, g in zip(sums, grads, strict=True)]
+        count += float(n)
+    window = [s.numpy() / count for s in sums]
+    _close(window, _as_asrkit(experiment, name, "grad"), network.trainable_variables)
+    nemo_accumulated = _as_asrkit(experiment, name, "accumulated")
+    union = _as_asrkit(experiment, name, "grad")
+    differs = [
+        np.linalg.norm(a - u) / max(np.linalg.norm(u), 1e-12)
+        for a, u in zip(nemo_accumulated, union, strict=True)
+    ]
+    assert max(differs) > 1e-2  # NeMo's own accumulation is not its union's update
+
+
+def test_ctc_greedy_is_nemos(imported):
+    _, experiment = imported["hybrid_tdt_ctc"]
+    features, lengths, _, _ = _batch("hybrid_tdt_ctc")
+    found = decode_batch(experiment.network, features, lengths, experiment.tokenizer,
+                         DecodeOptions("ctc"))  # fmt: skip
+    meta = META["hybrid_tdt_ctc"]
+    blank = experiment.network.vocab_size - 1  # NeMo's blank id
+    for hypothesis, frames, text in zip(found, meta["ctc_frames"], meta["ctc_text"], strict=True):
+        # NeMo's best symbol per frame, repeats merged and blanks dropped, as asrkit ids.
+        want = [s + 1 for i, s in enumerate(frames)
+                if s != blank and (i == 0 or s != frames[i - 1])]  # fmt: skip
+        assert hypothesis.tokens == want
+        assert hypothesis.text.lower() == text.lower()
+    assert sum(len(h.tokens) for h in found) > 20
+
+
+def test_fastemit_is_nemos_rnnt_loss_and_gradient():
+    acts = tf.constant(STEPS["fastemit/acts"])
+    # NeMo's blank is the last id; asrkit's loss takes any blank id.
+    blank = acts.shape[-1] - 1
+    with tf.GradientTape() as tape:
+        tape.watch(acts)
+        losses = rnnt_loss(acts, STEPS["fastemit/labels"], STEPS["fastemit/act_lens"],
+                           STEPS["fastemit/label_lens"], blank=blank,
+                           fastemit_lambda=float(STEPS["fastemit/lambda"]))  # fmt: skip
+        total = tf.reduce_sum(losses)
+    grad = tape.gradient(total, acts).numpy()
+    np.testing.assert_allclose(losses.numpy(), STEPS["fastemit/losses"], rtol=1e-5)
+    np.testing.assert_allclose(grad, STEPS["fastemit/grad"], atol=1e-5)
+    plain = rnnt_loss(acts, STEPS["fastemit/labels"], STEPS["fastemit/act_lens"],
+                      STEPS["fastemit/label_lens"], blank=blank)  # fmt: skip
+    assert not np.allclose(plain.numpy(), losses.numpy())
+    keras.backend.clear_session()
+
+
+def test_the_commands_decode_with_ctc_and_refuse_it_without_a_head(imported, capsys):
+    """`transcribe --method ctc` on the imported hybrid prints the CTC head's search of the
+    file; on a model without a CTC head, and with --streaming, one line and exit code 2."""
+    from asrkit.audio import read_audio
+    from asrkit.cli.main import main
+    from asrkit.features import log_mel
+
+    clip = str(ROOT / META["clips"][0])
+    hybrid, plain = (str(imported[k][0].exp_dir) for k in ("hybrid_tdt_ctc", "conformer_rnnt"))
+    assert main(["transcribe", "--exp-dir", hybrid, "--method", "ctc", clip]) == 0
+    printed = capsys.readouterr().out
+    experiment = imported["hybrid_tdt_ctc"][1]
+    features = log_mel(read_audio(clip, 16000), experiment.config.features).numpy()[None]
+    (found,) = decode_batch(experiment.network, features, [features.shape[1]],
+                            experiment.tokenizer, DecodeOptions("ctc"))  # fmt: skip
+    assert len(found.text) > 10 and found.text in printed
+    for argv, says in (
+        (["transcribe", "--exp-dir", plain, "--method", "ctc", clip], "has no CTC head"),
+        (["transcribe", "--exp-dir", hybrid, "--method", "ctc", "--streaming", clip],
+         "--streaming decodes the transducer"),
+    ):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
