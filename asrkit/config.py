@@ -145,6 +145,13 @@ class EncoderConfig:
     # the blocks (NeMo's dropout_att and dropout_pre_encoder); null: `dropout`.
     attention_dropout: float | None = None
     pre_encoder_dropout: float | None = None
+    # Conformer stochastic depth (NeMo's stochastic_depth_*): in training each block is
+    # skipped with its own probability — from 0 before block `stochastic_depth_start`
+    # (1-based), then rising linearly to `stochastic_depth` at the last block ("linear") or
+    # equal to it ("uniform") — and a kept block's change is scaled by 1 / (1 - p).
+    stochastic_depth: float = 0.0
+    stochastic_depth_mode: str = "linear"
+    stochastic_depth_start: int = 1
     # Recompute each block's activations in the backward pass instead of storing them
     # (less memory, one more forward of the encoder; dropout masks are replayed exactly).
     recompute: bool = False
@@ -214,7 +221,15 @@ class EncoderConfig:
         _at_least(self, "model.encoder", d_model=1, num_blocks=1, num_heads=1, kernel_size=1,
                   subsampling_filters=1, lstm_units=1, lstm_layers=1, ff_expansion=1)  # fmt: skip
         _positive(self, "model.encoder", "norm_epsilon")
-        for key in ("dropout", "attention_dropout", "pre_encoder_dropout"):
+        if self.stochastic_depth_mode not in ("linear", "uniform"):
+            raise ValueError("model.encoder.stochastic_depth_mode must be linear or uniform, got "
+                             f"{self.stochastic_depth_mode!r}")  # fmt: skip
+        if not 1 <= self.stochastic_depth_start <= self.num_blocks:
+            raise ValueError(
+                "model.encoder.stochastic_depth_start must be in [1, num_blocks], got "
+                f"{self.stochastic_depth_start}"
+            )
+        for key in ("dropout", "attention_dropout", "pre_encoder_dropout", "stochastic_depth"):
             rate = getattr(self, key)
             if rate is not None and not 0 <= rate < 1:
                 raise ValueError(f"model.encoder.{key} must be in [0, 1), got {rate}")

@@ -291,9 +291,9 @@ def _encoder(enc: _Section, features: FeatureConfig, notes: list[str]) -> Encode
     d_model = int(enc.get("d_model"))
     channels = int(enc.get("subsampling_conv_channels", -1))
     dropout = float(enc.get("dropout", 0.1))
-    for key in ("dropout_emb", "stochastic_depth_drop_prob"):
-        if enc.get(key, 0.0):
-            notes.append(f"encoder.{key} {enc.get(key)} is not modelled (trained without)")
+    if enc.get("dropout_emb", 0.0):
+        notes.append(f"encoder.dropout_emb {enc.get('dropout_emb')} (on the relative positions) "
+                     "is not modelled (trained without)")  # fmt: skip
     try:
         return EncoderConfig(
             kind="conformer", d_model=d_model, num_blocks=int(enc.get("n_layers")),
@@ -307,6 +307,9 @@ def _encoder(enc: _Section, features: FeatureConfig, notes: list[str]) -> Encode
             batch_norm_momentum=1.0 - TORCH_BATCH_NORM_MOMENTUM, dropout=dropout,
             attention_dropout=_rate(enc, "dropout_att", dropout),
             pre_encoder_dropout=_rate(enc, "dropout_pre_encoder", dropout), final_norm="block",
+            stochastic_depth=float(enc.get("stochastic_depth_drop_prob", 0.0) or 0.0),
+            stochastic_depth_mode=str(enc.get("stochastic_depth_mode", "linear")),
+            stochastic_depth_start=int(enc.get("stochastic_depth_start_layer", 1)),
         )  # fmt: skip
     except (TypeError, ValueError) as err:
         raise UnsupportedNemoModel(f"{enc.source}: encoder: {err}") from None

@@ -199,7 +199,21 @@ ENCODER_OPTIONS = (
     "attention", "subsampling", "subsampling_factor", "ff_expansion", "xscaling", "use_bias",
     "norm_epsilon", "batch_norm_momentum", "recompute", "chunk_frames", "left_chunks",
     "dynamic_chunks", "conv_context", "attention_dropout", "pre_encoder_dropout",
+    "stochastic_depth", "stochastic_depth_mode", "stochastic_depth_start",
 )  # fmt: skip
+
+
+SKIP_SALT = 7777  # a block's skip draw: its seed folded with this, apart from its masks'
+
+
+def skip_probabilities(blocks: int, probability: float, mode: str, start: int) -> list[float]:
+    """Each block's probability of being skipped in training (stochastic depth): 0 for the
+    blocks before `start` (1-based), then `probability` for all ("uniform") or rising in
+    equal steps to it at the last block ("linear")."""
+    rest = blocks - start
+    if mode == "uniform":
+        return [0.0] * start + [probability] * rest
+    return [0.0] * start + [probability * k / rest for k in range(1, rest + 1)]
 
 
 @keras.saving.register_keras_serializable(package="asrkit")
@@ -229,7 +243,13 @@ class ConformerEncoder(Encoder):
         self.d_model, self.num_heads, self.dropout = d_model, num_heads, dropout
         self.recompute, self.xscaling = o["recompute"], o["xscaling"]
         self.pre_dropout = dropout if o["pre_encoder_dropout"] is None else o["pre_encoder_dropout"]
-        rates = (dropout, self.pre_dropout, o["attention_dropout"] or 0.0)
+        self.skips = skip_probabilities(
+            num_blocks,
+            o["stochastic_depth"],
+            o["stochastic_depth_mode"],
+            o["stochastic_depth_start"],
+        )
+        rates = (dropout, self.pre_dropout, o["attention_dropout"] or 0.0, *self.skips)
         self.draws_masks = max(rates) > 0
         self.chunk_frames, self.left_chunks = o["chunk_frames"], o["left_chunks"]
         self.dynamic_chunks = o["dynamic_chunks"]
@@ -298,6 +318,15 @@ class ConformerEncoder(Encoder):
                     x, lengths, training=training, seed=block_seed, allowed=allowed, chunk=chunk
                 )
 
+            skip = self.skips[index] if training else 0.0
+            if skip:  # drawn outside the recomputed block, from its seed
+                draw = tf.random.experimental.stateless_fold_in(block_seed, SKIP_SALT)
+                kept = tf.random.stateless_uniform([], draw) >= skip
+                y = maybe_recomputed(run, self.recompute and training)(x)
+                # Skipped: x (the block's weights get zero gradients); kept: the change
+                # scaled up, so the expected output is the block's.
+                x = tf.where(kept, x + (y - x) / (1.0 - skip), x + 0.0 * y)
+                continue
             x = maybe_recomputed(run, self.recompute and training)(x)
         return zero_padding(_normed(self.norm, x), lengths), lengths
 

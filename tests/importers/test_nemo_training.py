@@ -11,6 +11,7 @@ text and NeMo's CPU RNN-T loss with FastEmit."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from asrkit.importers.nemo_archive import read_nemo
 from asrkit.importers.nemo_model import import_nemo
 from asrkit.importers.nemo_weights import assign_nemo_transducer
 from asrkit.losses import rnnt_loss
+from asrkit.training.keras_hooks import variable_index
 from asrkit.training.optimizers import build_optimizer
 from asrkit.training.task import TransducerTask
 
@@ -144,30 +146,52 @@ def test_one_adamw_update_on_those_gradients_is_torchs(imported, name):
     assert moved == pytest.approx(LEARNING_RATE, rel=0.01)  # Adam's first step: about ±lr
 
 
+class _Recorder(keras.optimizers.Optimizer):
+    """An optimizer that only keeps the gradient it is applied with."""
+
+    def build(self, var_list):
+        if self.built:
+            return
+        super().build(var_list)
+        self.seen = [self.add_variable_from_reference(v, name="seen") for v in var_list]
+
+    def update_step(self, gradient, variable, learning_rate):
+        self.assign(self.seen[variable_index(self, variable)], gradient)
+
+
 @pytest.mark.parametrize("name", KINDS)
-def test_two_micro_batches_update_as_nemos_union_does_not_as_nemos_accumulation(imported, name):
-    """asrkit's engine sums the two micro-batches' losses and divides by the window's count;
-    NeMo (Lightning) averages each micro-batch's mean. Shown on the gradient the window
-    applies: asrkit's equals NeMo's union gradient, NeMo's accumulation differs."""
+def test_two_micro_batches_update_as_nemos_union_not_as_nemos_accumulation(imported, name):
+    """The accumulation engine (`fit`, a window of two micro-batches, dropout drawn at the
+    imported rates set to 0) applies the gradient of NeMo's training step on their union;
+    NeMo's own accumulation (Lightning's mean of the micro-batches' means) is another."""
     _, experiment = imported[name]
-    network = experiment.network
+    config = experiment.config.model
+    still = dataclasses.replace(
+        config, encoder=dataclasses.replace(config.encoder, dropout=0.0, attention_dropout=None,
+                                            pre_encoder_dropout=None),
+        predictor=dataclasses.replace(config.predictor, dropout=0.0),
+    )  # fmt: skip
+    network = build_network(dataclasses.replace(experiment.config, model=still),
+                            experiment.network.vocab_size)  # fmt: skip
+    network.set_weights(experiment.network.get_weights())
     task = TransducerTask(network, experiment.config.loss)
+    recorder = _Recorder(learning_rate=1.0, name="recorder")
+    task.compile(recorder, accumulation_steps=2, clip_global_norm=None)
     split = META[name]["split"]
-    sums, count = [tf.zeros_like(v) for v in network.trainable_variables], 0.0
-    for rows in (slice(0, split), slice(split, None)):
-        with tf.GradientTape() as tape:
-            total, n = task.compute_loss_terms(_batch(name, rows), training=False)
-        grads = tape.gradient(total, network.trainable_variables)
-        sums = [s + tf.convert_to_tensor(g) for s, g in zip(sums, grads, strict=True)]
-        count += float(n)
-    window = [s.numpy() / count for s in sums]
-    _close(window, _as_asrkit(experiment, name, "grad"), network.trainable_variables)
-    nemo_accumulated = _as_asrkit(experiment, name, "accumulated")
+    parts = [_batch(name, rows) for rows in (slice(0, split), slice(split, None))]
+
+    def micro_batches():
+        yield from parts
+
+    spec = tuple(tf.TensorSpec([None] * x.ndim, tf.as_dtype(x.dtype)) for x in parts[0])
+    task.fit(tf.data.Dataset.from_generator(micro_batches, output_signature=spec), epochs=1,
+             verbose=0)  # fmt: skip
+    applied = [v.numpy() for v in recorder.seen]
     union = _as_asrkit(experiment, name, "grad")
-    differs = [
-        np.linalg.norm(a - u) / max(np.linalg.norm(u), 1e-12)
-        for a, u in zip(nemo_accumulated, union, strict=True)
-    ]
+    _close(applied, union, network.trainable_variables)
+    accumulated = _as_asrkit(experiment, name, "accumulated")
+    differs = [np.linalg.norm(a - u) / max(np.linalg.norm(u), 1e-12)
+               for a, u in zip(accumulated, union, strict=True)]  # fmt: skip
     assert max(differs) > 1e-2  # NeMo's own accumulation is not its union's update
 
 
@@ -230,3 +254,22 @@ def test_the_commands_decode_with_ctc_and_refuse_it_without_a_head(imported, cap
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0], err
+
+
+def test_settings_the_import_maps_or_lists_by_key():
+    """Stochastic depth is mapped; a CTC reduction other than the transducer's is listed;
+    a reduction asrkit cannot divide by (sum) is refused naming the key."""
+    from asrkit.importers.nemo_model import UnsupportedNemoModel, plan_import
+
+    nemo = read_nemo(DATA / "step_hybrid_tdt_ctc.nemo").config
+    nemo = json.loads(json.dumps(nemo))
+    nemo["encoder"].update(stochastic_depth_drop_prob=0.2, stochastic_depth_mode="uniform")
+    nemo["aux_ctc"]["ctc_reduction"] = "mean_volume"
+    plan = plan_import(nemo, "m.nemo")
+    enc = plan.config.model.encoder
+    assert (enc.stochastic_depth, enc.stochastic_depth_mode, enc.stochastic_depth_start) == (
+        0.2, "uniform", 1)  # fmt: skip
+    assert any(n.startswith("aux_ctc.ctc_reduction 'mean_volume'") for n in plan.notes)
+    nemo["rnnt_reduction"] = "sum"
+    with pytest.raises(UnsupportedNemoModel, match="rnnt_reduction: 'sum'"):
+        plan_import(nemo, "m.nemo")

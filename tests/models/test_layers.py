@@ -17,7 +17,7 @@ from asrkit.models.attention import SelfAttention
 from asrkit.models.conformer import ConformerBlock, ConformerEncoder, FeedForward
 from asrkit.models.convolution import ConvolutionModule
 from asrkit.models.joint import Joint, SimpleJoiner
-from asrkit.models.layers import BatchNorm
+from asrkit.models.layers import BatchNorm, zero_padding
 from asrkit.models.lstm_encoder import LSTMEncoder
 from asrkit.models.predictor import LSTMPredictor, StatelessPredictor, TorchLSTMCell
 from asrkit.models.subsampling import ConvSubsampling, StridingSubsampling
@@ -384,3 +384,41 @@ def test_torchs_two_lstm_biases_compute_what_one_bias_of_their_sum_does():
     want, (_, want_c) = keras_cell(x, [h, c])
     np.testing.assert_allclose(got, want, atol=1e-6)
     np.testing.assert_allclose(got_c, want_c, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("blocks", "probability", "mode", "start", "want"),
+    [(4, 0.3, "linear", 1, [0.0, 0.1, 0.2, 0.3]), (4, 0.3, "uniform", 1, [0.0, 0.3, 0.3, 0.3]),
+     (5, 0.4, "linear", 3, [0.0, 0.0, 0.0, 0.2, 0.4])],
+)  # fmt: skip
+def test_stochastic_depth_skips_blocks_with_nemos_probabilities(
+    blocks, probability, mode, start, want
+):
+    from asrkit.models.conformer import skip_probabilities
+
+    assert skip_probabilities(blocks, probability, mode, start) == pytest.approx(want)
+
+
+def test_a_stochastic_depth_step_skips_or_keeps_each_block_whole():
+    """Training with stochastic depth: each call's output is the encoder with every droppable
+    block either skipped (its input passed on) or kept with its change scaled by 1 / (1 - p);
+    both happen over calls; evaluation keeps every block unscaled."""
+    encoder = ConformerEncoder(**CONFORMER, dropout=0.0, final_norm="none",
+                               stochastic_depth=0.5, stochastic_depth_mode="uniform")  # fmt: skip
+    feats, lengths = tf.constant(FEATS), tf.constant(FEAT_LENGTHS)
+    evaluated, out_lengths = encoder(feats, lengths, training=False)
+    x, sub_lengths = encoder.subsampling(feats, lengths)
+    first = encoder.blocks[0](x, sub_lengths)
+    second = encoder.blocks[1](first, sub_lengths)
+    np.testing.assert_allclose(evaluated, zero_padding(second, out_lengths), atol=1e-5)
+    skipped = zero_padding(first, out_lengths)
+    kept = zero_padding(first + (second - first) / 0.5, out_lengths)
+    seen = set()
+    for _ in range(12):
+        trained, _ = encoder(feats, lengths, training=True)
+        if np.allclose(trained, skipped, atol=1e-5):
+            seen.add("skipped")
+        else:
+            np.testing.assert_allclose(trained, kept, atol=1e-4)
+            seen.add("kept")
+    assert seen == {"skipped", "kept"}
