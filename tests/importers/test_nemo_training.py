@@ -159,7 +159,11 @@ class _Recorder(keras.optimizers.Optimizer):
         self.assign(self.seen[variable_index(self, variable)], gradient)
 
 
-@pytest.mark.parametrize("name", KINDS)
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param("conformer_rnnt", marks=pytest.mark.slow),  # ~3 s each
+     pytest.param("fastconformer_tdt", marks=pytest.mark.slow), "hybrid_tdt_ctc"],
+)  # fmt: skip
 def test_two_micro_batches_update_as_nemos_union_not_as_nemos_accumulation(imported, name):
     """The accumulation engine (`fit`, a window of two micro-batches, dropout drawn at the
     imported rates set to 0) applies the gradient of NeMo's training step on their union;
@@ -273,3 +277,28 @@ def test_settings_the_import_maps_or_lists_by_key():
     nemo["rnnt_reduction"] = "sum"
     with pytest.raises(UnsupportedNemoModel, match="rnnt_reduction: 'sum'"):
         plan_import(nemo, "m.nemo")
+
+
+@pytest.mark.slow  # ~15 s: a SavedModel written and loaded
+def test_the_export_decodes_with_the_ctc_head(imported, tmp_path):
+    """`export --method ctc`: the SavedModel's serve_batch gives the CTC head's search."""
+    from asrkit.audio import read_audio
+    from asrkit.export import export_model
+    from asrkit.features import log_mel
+
+    summary, experiment = imported["hybrid_tdt_ctc"]
+    export_model(summary.exp_dir, tmp_path / "export", options=DecodeOptions("ctc"))
+    loaded = tf.saved_model.load(str(tmp_path / "export"))
+    clips = [read_audio(ROOT / c, 16000) for c in META["clips"][:2]]
+    lengths = np.array([len(c) for c in clips], np.int32)
+    waves = np.zeros((2, lengths.max()), np.float32)
+    for i, c in enumerate(clips):
+        waves[i, : len(c)] = c
+    out = loaded.signatures["serve_batch"](waveforms=tf.constant(waves),
+                                           lengths=tf.constant(lengths))  # fmt: skip
+    for i, clip in enumerate(clips):
+        features = log_mel(clip, experiment.config.features).numpy()[None]
+        (want,) = decode_batch(experiment.network, features, [features.shape[1]],
+                               experiment.tokenizer, DecodeOptions("ctc"))  # fmt: skip
+        assert out["text"][i].numpy().decode() == want.text
+        assert len(want.text) > 10
