@@ -1,19 +1,60 @@
-"""Word and character error rates via jiwer, with one text normalisation for both sides."""
+"""Word and character error rates via jiwer, with one text normalisation for both sides.
+
+The normaliser is chosen per run (`SCORERS`) and recorded with the scores:
+* `none`: the texts as they are (Unicode NFC, whitespace collapsed): case and punctuation
+  count.
+* `basic` (the default): Unicode-aware — NFC, case-folded, every character that is not a
+  letter, a mark, a digit or an apostrophe made a space. Every letter of every script and
+  every digit is kept, so "Größe" and "naïve" are one word each and "$42." is "42"; on
+  A-Z text it scores as upper-casing and dropping punctuation does.
+* `english`: the English normaliser the Open ASR Leaderboard scores with (Whisper's
+  `EnglishTextNormalizer`, from the `whisper-normalizer` package): spellings unified,
+  numbers written as digits, fillers dropped.
+"""
 
 from __future__ import annotations
 
-import re
+import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import jiwer
 
-_SPACES = re.compile(r"\s+")
+SCORERS = ("none", "basic", "english")
+DEFAULT_SCORER = "basic"
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u02bc": "'"})
 
 
-def normalize(text: str) -> str:
-    """Upper case, apostrophes kept, other punctuation dropped, single spaces."""
-    text = re.sub(r"[^A-Z' ]", " ", text.upper())
-    return _SPACES.sub(" ", text).strip()
+def _exact(text: str) -> str:
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def _basic(text: str) -> str:
+    text = unicodedata.normalize("NFC", text).casefold().translate(_APOSTROPHES)
+    kept = (c if c == "'" or unicodedata.category(c)[0] in "LMN" else " " for c in text)
+    return " ".join("".join(kept).split())
+
+
+@cache
+def _english() -> Callable[[str], str]:
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    english = EnglishTextNormalizer()
+    return lambda text: " ".join(
+        english(unicodedata.normalize("NFC", text).translate(_APOSTROPHES)).split()
+    )
+
+
+def normalizer(name: str = DEFAULT_SCORER) -> Callable[[str], str]:
+    """The text normaliser `name` (one of SCORERS)."""
+    if name not in SCORERS:
+        raise ValueError(f"the scoring normaliser must be one of {SCORERS}, got {name!r}")
+    return {"none": _exact, "basic": _basic}.get(name) or _english()
+
+
+def normalize(text: str, name: str = DEFAULT_SCORER) -> str:
+    return normalizer(name)(text)
 
 
 @dataclass(frozen=True)
@@ -24,11 +65,15 @@ class ErrorRates:
     deletions: int
     insertions: int
     words: int
+    normalizer: str = DEFAULT_SCORER
 
 
-def error_rates(references: list[str], hypotheses: list[str]) -> ErrorRates:
-    refs = [normalize(r) for r in references]
-    hyps = [normalize(h) for h in hypotheses]
+def error_rates(
+    references: list[str], hypotheses: list[str], scorer: str = DEFAULT_SCORER
+) -> ErrorRates:
+    norm = normalizer(scorer)
+    refs = [norm(r) for r in references]
+    hyps = [norm(h) for h in hypotheses]
     if not any(refs):
         raise ValueError("error_rates: every reference is empty")
     words = jiwer.process_words(refs, hyps)
@@ -40,12 +85,14 @@ def error_rates(references: list[str], hypotheses: list[str]) -> ErrorRates:
         deletions=words.deletions,
         insertions=words.insertions,
         words=sum(len(r.split()) for r in refs),
+        normalizer=scorer,
     )
 
 
-def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+def word_errors(reference: str, hypothesis: str, scorer: str = DEFAULT_SCORER) -> tuple[int, int]:
     """(substitutions + deletions + insertions, reference words) of one utterance."""
-    ref, hyp = normalize(reference), normalize(hypothesis)
+    norm = normalizer(scorer)
+    ref, hyp = norm(reference), norm(hypothesis)
     if not ref:
         return len(hyp.split()), 0
     out = jiwer.process_words(ref, hyp)

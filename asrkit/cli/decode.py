@@ -25,6 +25,12 @@ def register(subparsers) -> None:
     add_search_arguments(decode)
     add_weights_arguments(decode)
     add_chunk_argument(decode)
+    decode.add_argument(
+        "--normalizer", choices=("none", "basic", "english"), default="basic",
+        help="how both texts are normalised before scoring: none (exact), basic (case-folded, "
+             "punctuation removed, every letter and digit kept; the default), english (the "
+             "Open ASR Leaderboard's English normaliser)",
+    )  # fmt: skip
     decode.add_argument("--worst", type=int, default=10, help="worst utterances to list")
     decode.add_argument("--out", help="directory for hypotheses and the report")
     decode.set_defaults(func=run)
@@ -52,17 +58,20 @@ def run(args: argparse.Namespace) -> int:
         check_shards(args.shards, config, tokenizer)
         report = decode_shards(
             network, args.shards, tokenizer, pipeline_config(config), experiment.normalizer,
-            options, config.features.num_mel_bins,
+            options, config.features.num_mel_bins, args.normalizer,
         )  # fmt: skip
     else:
-        report = decode_manifest(network, args.manifest, tokenizer, config, options)
+        report = decode_manifest(
+            network, args.manifest, tokenizer, config, options, args.normalizer
+        )
     r = report.rates
     weights = experiment.weights
     method = f"beam {args.beam}" if args.method == "beam" else args.method
     summary = (
         f"{args.shards or args.manifest}: {method}, weights {weights}: WER {r.wer * 100:.2f} % "
         f"(S {r.substitutions}, D {r.deletions}, I {r.insertions} of {r.words} words), "
-        f"CER {r.cer * 100:.2f} %, {len(report.utterances)} utterances, RTF {report.rtf:.3f}"
+        f"CER {r.cer * 100:.2f} %, {len(report.utterances)} utterances, RTF {report.rtf:.3f}, "
+        f"{r.normalizer} normaliser"
     )
     print(summary)
     worst = report.worst(args.worst)
@@ -77,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         scores = {"wer": r.wer, "cer": r.cer, "substitutions": r.substitutions,
                   "deletions": r.deletions, "insertions": r.insertions, "words": r.words,
                   "utterances": len(report.utterances), "rtf": report.rtf, "method": method,
-                  "weights": weights}  # fmt: skip
+                  "weights": weights, "normalizer": r.normalizer}  # fmt: skip
         write_files(out, {
             "hyp.txt": "".join(f"{u.id} {u.hypothesis}\n" for u in report.utterances),
             "ref.txt": "".join(f"{u.id} {u.reference}\n" for u in report.utterances),

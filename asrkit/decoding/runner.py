@@ -24,7 +24,7 @@ from asrkit.data.records import parse_example, shard_lengths
 from asrkit.decoding.search import DEFAULT_OPTIONS, DecodeOptions, decode_batch
 from asrkit.errors import InputError
 from asrkit.features import MIN_FEATURE_FRAMES, compiled_log_mel_batch, normalizer_for
-from asrkit.metrics import ErrorRates, error_rates, word_errors
+from asrkit.metrics import DEFAULT_SCORER, ErrorRates, error_rates, word_errors
 from asrkit.tokenizer import Tokenizer
 
 
@@ -72,9 +72,10 @@ def decode_shards(
     normalize=None,
     options: DecodeOptions = DEFAULT_OPTIONS,
     num_mel_bins: int = 80,
+    scorer: str = DEFAULT_SCORER,
 ) -> DecodeReport:
     batches = _shard_batches(shard_dir, pipe, normalize, num_mel_bins)
-    return _decode(model, batches, tokenizer, options, shard_dir)
+    return _decode(model, batches, tokenizer, options, shard_dir, scorer)
 
 
 def decode_manifest(
@@ -83,26 +84,29 @@ def decode_manifest(
     tokenizer: Tokenizer,
     config: ExperimentConfig,
     options: DecodeOptions = DEFAULT_OPTIONS,
+    scorer: str = DEFAULT_SCORER,
 ) -> DecodeReport:
     batches = _manifest_batches(
         manifest, config.features, normalizer_for(config.data.cmvn), config.data.batch_seconds
     )
-    return _decode(model, batches, tokenizer, options, manifest)
+    return _decode(model, batches, tokenizer, options, manifest, scorer)
 
 
-def _decode(model, batches, tokenizer: Tokenizer, options: DecodeOptions, source) -> DecodeReport:
+def _decode(
+    model, batches, tokenizer: Tokenizer, options: DecodeOptions, source, scorer: str
+) -> DecodeReport:
     start = time.monotonic()
     results, seconds = [], 0.0
     for batch in batches:
         found = decode_batch(model, batch.features, batch.feature_lengths, tokenizer, options)
         for uid, ref, hyp in zip(batch.ids, batch.references, found, strict=True):
-            errors, words = word_errors(ref, hyp.text)
+            errors, words = word_errors(ref, hyp.text, scorer)
             results.append(UtteranceResult(uid, ref, hyp.text, hyp.score, errors, words))
         seconds += batch.audio_seconds
     elapsed = time.monotonic() - start
     if not results:
         raise InputError(f"{source}: nothing to decode (no utterances)")
-    rates = error_rates([r.reference for r in results], [r.hypothesis for r in results])
+    rates = error_rates([r.reference for r in results], [r.hypothesis for r in results], scorer)
     return DecodeReport(results, rates, seconds, elapsed)
 
 
