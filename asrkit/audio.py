@@ -47,11 +47,28 @@ def audio_info(path: str | os.PathLike) -> AudioInfo:
     return AudioInfo(int(info.samplerate), int(info.frames), int(info.channels))
 
 
-def read_audio(path: str | os.PathLike, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Mono float32 samples in [-1, 1] at `sample_rate` (resampled with soxr if needed)."""
+def read_audio(
+    path: str | os.PathLike,
+    sample_rate: int = SAMPLE_RATE,
+    offset: float | None = None,
+    duration: float | None = None,
+) -> np.ndarray:
+    """Mono float32 samples in [-1, 1] at `sample_rate` (resampled with soxr if needed).
+    With `offset` (seconds): only the segment [offset, offset + duration) is read from the
+    file (to its end without `duration`), as a NeMo manifest's segment entry asks."""
     _check_exists(path)
     try:
-        samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        if offset is None:
+            samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        else:
+            rate = soundfile.info(str(path)).samplerate
+            start = round(offset * rate)
+            frames = -1 if duration is None else round(duration * rate)
+            samples, rate = soundfile.read(
+                str(path), start=start, frames=frames, dtype="float32", always_2d=True
+            )
+            if not len(samples):
+                raise AudioError(f"{path}: no audio at offset {offset} s (past the file's end?)")
     except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
         raise AudioError(f"{path}: cannot read audio ({err})") from None
     if rate != sample_rate or samples.shape[1] > 1:

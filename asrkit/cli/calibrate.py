@@ -46,6 +46,12 @@ def run(args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise InputError(f"--limit must be >= 1, got {args.limit}")
     utterances = read_usable_manifest(args.manifest)[: args.limit]
+    segment = next((u for u in utterances if u.offset is not None), None)
+    if segment is not None:
+        raise InputError(
+            f"{args.manifest}: utterance {segment.id} is a segment (offset {segment.offset} s) "
+            "of a longer file; calibrate measures whole files: give it one entry per file"
+        )
     check_search_arguments(args)
     load_experiment_config(args.exp_dir)  # an experiment (before TensorFlow is imported)
     writable_directory(args.exp_dir, "--exp-dir")  # timing.json goes there

@@ -3,6 +3,13 @@
 One `Utterance` per line; time is always in seconds. Reading validates every line at the
 boundary and names the file, line and key of anything wrong. Writing is atomic (temp file
 + rename), so an interrupted run never leaves a half-written manifest behind.
+
+Two line formats are read, line by line: asrkit's (`id`, `audio_path`, `duration`, `text`,
+`speaker`, optional `offset`) and NeMo's (`audio_filepath`, `duration`, `text`, optional
+`offset` for a segment of a longer recording, `speaker` or `speaker_id`, `lang` and any
+other key NeMo's datasets carry). A NeMo entry's id is its file's stem (with the segment's
+offset), its speaker "unknown" if none is given, and a relative `audio_filepath` is taken
+from the manifest's directory when the file is there, as NeMo resolves it.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from asrkit.audio import read_audio
 from asrkit.errors import UserError
 
 
@@ -24,13 +32,23 @@ class Utterance:
     duration: float  # seconds
     text: str
     speaker: str
+    offset: float | None = None  # seconds into audio_path: a segment of `duration` seconds
 
 
 _FIELDS = {"id": str, "audio_path": str, "duration": (int, float), "text": str, "speaker": str}
+_NEMO_FIELDS = {"audio_filepath": str, "duration": (int, float), "text": str}
 
 
 class ManifestError(UserError, ValueError):
     """A manifest line that does not describe a valid utterance."""
+
+
+def read_utterance(utterance: Utterance, sample_rate: int):
+    """An utterance's samples: its whole file, or the segment its `offset` and `duration`
+    mark (read from the file without copying it)."""
+    if utterance.offset is None:
+        return read_audio(utterance.audio_path, sample_rate)
+    return read_audio(utterance.audio_path, sample_rate, utterance.offset, utterance.duration)
 
 
 def write_manifest(path: str | os.PathLike, utterances: Iterable[Utterance]) -> int:
@@ -42,7 +60,10 @@ def write_manifest(path: str | os.PathLike, utterances: Iterable[Utterance]) -> 
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for utt in utterances:
-                f.write(json.dumps(asdict(utt), ensure_ascii=False) + "\n")
+                record = asdict(utt)
+                if record["offset"] is None:
+                    del record["offset"]
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 count += 1
         os.replace(tmp, path)
     except BaseException:
@@ -81,7 +102,8 @@ def read_usable_manifest(path: str | os.PathLike, option: str = "--manifest") ->
         if not Path(utterance.audio_path).is_file():
             raise ManifestError(
                 f"{path}:{number}: utterance {utterance.id}: audio {utterance.audio_path}: no "
-                "such file (audio paths are as written, or relative to the directory you run in)"
+                "such file (a relative path is read from the directory you run in, or for a "
+                "NeMo entry from the manifest's directory)"
             )
     return utterances
 
@@ -94,6 +116,9 @@ def _parse_line(line: str, path: Path, number: int) -> Utterance:
         raise ManifestError(f"{where}: not valid JSON ({err.msg})") from None
     if not isinstance(record, dict):
         raise ManifestError(f"{where}: expected a JSON object")
+    if "audio_filepath" in record:
+        return _nemo_entry(record, path, where)
+    offset = _offset(record, where)
     unknown = sorted(set(record) - set(_FIELDS))
     if unknown:
         raise ManifestError(f"{where}: unknown key(s) {unknown}")
@@ -104,4 +129,34 @@ def _parse_line(line: str, path: Path, number: int) -> Utterance:
             raise ManifestError(f"{where}: key {key!r} has the wrong type")
     if not record["duration"] > 0:
         raise ManifestError(f"{where}: utterance {record['id']}: duration must be > 0")
-    return Utterance(**{**record, "duration": float(record["duration"])})
+    return Utterance(**{**record, "duration": float(record["duration"]), "offset": offset})
+
+
+def _offset(record: dict, where: str) -> float | None:
+    """The optional `offset` key, taken out of `record`."""
+    if "offset" not in record:
+        return None
+    offset = record.pop("offset")
+    if not isinstance(offset, int | float) or isinstance(offset, bool) or offset < 0:
+        raise ManifestError(f"{where}: key 'offset' must be a number of seconds >= 0")
+    return float(offset)
+
+
+def _nemo_entry(record: dict, path: Path, where: str) -> Utterance:
+    offset = _offset(dict(record), where)
+    for key, kind in _NEMO_FIELDS.items():
+        if key not in record:
+            raise ManifestError(f"{where}: missing key {key!r} (a NeMo manifest entry)")
+        if not isinstance(record[key], kind) or isinstance(record[key], bool):
+            raise ManifestError(f"{where}: key {key!r} has the wrong type")
+    audio = Path(record["audio_filepath"])
+    if not audio.is_absolute() and (path.parent / audio).exists():
+        audio = path.parent / audio
+    if not record["duration"] > 0:
+        raise ManifestError(f"{where}: {audio}: duration must be > 0")
+    uid = str(record.get("id") or record.get("utterance_id") or Path(audio).stem)
+    if offset is not None and not (record.get("id") or record.get("utterance_id")):
+        uid = f"{uid}-{offset:.2f}"
+    speaker = record.get("speaker", record.get("speaker_id"))
+    return Utterance(uid, str(audio), float(record["duration"]), record["text"],
+                     "unknown" if speaker is None else str(speaker), offset)  # fmt: skip

@@ -23,10 +23,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from asrkit.audio import read_audio
 from asrkit.config import ExperimentConfig, FeatureConfig
 from asrkit.data.joining import JoinedUtterance, JoinSettings, join_consecutive
-from asrkit.data.manifest import Utterance, read_manifest
+from asrkit.data.manifest import Utterance, read_manifest, read_utterance
 from asrkit.errors import UserError
 from asrkit.features import log_mel, perturb_speed
 from asrkit.progress import progress
@@ -268,6 +267,6 @@ def _features(
     utt: Utterance | JoinedUtterance, speed: float, config: FeatureConfig
 ) -> tuple[np.ndarray, float]:
     parts = utt.parts if isinstance(utt, JoinedUtterance) else (utt,)
-    audio = np.concatenate([read_audio(u.audio_path, config.sample_rate) for u in parts])
+    audio = np.concatenate([read_utterance(u, config.sample_rate) for u in parts])
     samples = perturb_speed(audio, speed)
     return log_mel(samples, config).numpy(), len(samples) / config.sample_rate

@@ -16,9 +16,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from asrkit.audio import read_audio
 from asrkit.config import ExperimentConfig, FeatureConfig
-from asrkit.data.manifest import read_manifest
+from asrkit.data.manifest import read_manifest, read_utterance
 from asrkit.data.pipeline import PipelineConfig, bucket_plan
 from asrkit.data.records import parse_example, shard_lengths
 from asrkit.decoding.search import DEFAULT_OPTIONS, DecodeOptions, decode_batch
@@ -136,7 +135,7 @@ def _manifest_batches(
 ) -> Iterator[_Batch]:
     utterances = read_manifest(manifest)
     for group in by_budget(utterances, [u.duration for u in utterances], batch_seconds):
-        yield _featurise([(u.id, u.audio_path, u.text) for u in group], features, normalize)
+        yield _featurise(group, features, normalize)
 
 
 def by_budget(items: list, durations: list[float], budget: float) -> Iterator[list]:
@@ -154,10 +153,10 @@ def by_budget(items: list, durations: list[float], budget: float) -> Iterator[li
 
 
 def _featurise(utterances, config: FeatureConfig, normalize) -> _Batch:
-    """A padded batch from audio files: `utterances` are (id, audio path, reference)."""
-    audio = [read_audio(path, config.sample_rate) for _, path, _ in utterances]
+    """A padded batch of manifest `utterances` (whole files or segments)."""
+    audio = [read_utterance(u, config.sample_rate) for u in utterances]
     batch = featurise_samples(audio, config, normalize)
-    ids, _, refs = zip(*utterances, strict=True)
+    ids, refs = [u.id for u in utterances], [u.text for u in utterances]
     return replace(batch, ids=list(ids), references=list(refs))
 
 
