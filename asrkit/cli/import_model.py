@@ -70,7 +70,10 @@ def training_settings(config) -> str:
     loss, data, enc = config.loss, config.data, config.model.encoder
     parts = [f"loss {loss.kind} normalised by {loss.normalize_by}"]
     if loss.ctc_weight:
-        parts.append(f"(1 - {loss.ctc_weight}) x transducer + {loss.ctc_weight} x CTC")
+        parts.append(f"(1 - {loss.ctc_weight}) x transducer + {loss.ctc_weight} x CTC"
+                     if loss.ctc_interpolate else f"+ {loss.ctc_weight} x CTC")  # fmt: skip
+    if enc.stochastic_depth:
+        parts.append(f"stochastic depth {enc.stochastic_depth:g} ({enc.stochastic_depth_mode})")
     if loss.fastemit_lambda:
         parts.append(f"FastEmit {loss.fastemit_lambda}")
     if data.spec_augment:
