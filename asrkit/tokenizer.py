@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -69,8 +70,22 @@ class Tokenizer:
     def blank_id(self) -> int:
         return BLANK_ID
 
+    def _prepared(self, text: str) -> str:
+        text = unicodedata.normalize("NFC", text)
+        return text.lower() if self.settings.lower_case else text
+
     def encode(self, text: str) -> list[int]:
-        return self._sp.encode(text.lower() if self.settings.lower_case else text)
+        """Token ids of `text` (Unicode NFC; lower-cased for a lower-case model)."""
+        return self._sp.encode(self._prepared(text))
+
+    def unknown(self, text: str) -> list[str]:
+        """Each character of `text` this tokenizer can only encode as `<unk>` (its pieces do
+        not hold it), once per occurrence: what a model trained on it could never emit."""
+        prepared = self._prepared(text)
+        if UNK_ID not in self._sp.encode(prepared):
+            return []
+        missing = {c for c in set(prepared) if not c.isspace() and UNK_ID in self._sp.encode(c)}
+        return [c for c in prepared if c in missing]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text (upper-case unless the model is cased), words separated by single spaces."""
@@ -100,15 +115,18 @@ def train_tokenizer(
     out_dir: str | os.PathLike,
     vocab_size: int,
     model_type: str = "unigram",
+    keep_case: bool = False,
 ) -> Tokenizer:
-    """Trains on `texts` (lower-cased) and writes tokenizer.model + tokenizer.json."""
+    """Trains on `texts` (Unicode NFC; lower-cased unless `keep_case`, punctuation kept as
+    written) and writes tokenizer.model + tokenizer.json."""
     import sentencepiece
 
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    texts = [t.lower() for t in texts if t.strip()]
+    texts = [unicodedata.normalize("NFC", t) for t in texts if t.strip()]
+    texts = texts if keep_case else [t.lower() for t in texts]
     if not texts:
         raise InputError("no text to train the tokenizer on (are the manifests empty?)")
     try:
@@ -128,7 +146,9 @@ def train_tokenizer(
         )
     except RuntimeError as err:
         raise InputError(f"sentencepiece refused the tokenizer settings: {err}") from None
-    settings = TokenizerSettings(vocab_size=vocab_size, model_type=model_type)
+    settings = TokenizerSettings(
+        vocab_size=vocab_size, model_type=model_type, lower_case=not keep_case
+    )
     (out_dir / "tokenizer.json").write_text(json.dumps(asdict(settings), indent=2) + "\n")
     (out_dir / "tokenizer.vocab").unlink(missing_ok=True)
     return Tokenizer(out_dir / "tokenizer.model", settings)

@@ -62,3 +62,18 @@ def test_surface_pieces_joined_reproduce_decode(tmp_path, model_type, size):
         ids = rng.integers(0, tok.vocab_size, size=rng.integers(0, 12)).tolist()
         joined = " ".join("".join(pieces[i] for i in ids).upper().split())
         assert joined == tok.decode(ids)
+
+
+def test_unicode_case_and_punctuation_as_the_transcripts_have_them(tmp_path):
+    """NFC on both sides; a cased tokenizer (--keep-case) keeps case and punctuation and
+    decodes them; characters outside its pieces are reported, not silently lost."""
+    texts = ["Grüß Gott, Jürgen!", "Café? Ja, das Café.", "Über alles."] * 5
+    cased = train_tokenizer(texts, tmp_path / "cased", 30, "char", keep_case=True)
+    assert not cased.settings.lower_case
+    decomposed = "Gru\u0308ß Gott, Ju\u0308rgen!"  # ü as u + combining diaeresis
+    assert cased.encode(decomposed) == cased.encode("Grüß Gott, Jürgen!")
+    assert cased.decode(cased.encode("Über Café, Jürgen!")) == "Über Café, Jürgen!"
+    assert cased.unknown("Grüß Gott, Jürgen!") == []
+    assert cased.unknown("Zoë Grüß, Zoë") == ["Z", "ë", "Z", "ë"]
+    lower = train_tokenizer(texts, tmp_path / "lower", 30, "char")
+    assert lower.decode(lower.encode("über café")) == "ÜBER CAFÉ"

@@ -20,6 +20,12 @@ def register(subparsers) -> None:
         action="store_true",
         help="reject audio that is not 16 kHz instead of keeping it for resampling",
     )
+    libri.add_argument(
+        "--any-text", action="store_true",
+        help="transcripts in any language, cased and punctuated (Unicode NFC; only control "
+             "characters refused): the tokenizer then decides what it can encode. Default: "
+             "LibriSpeech's alphabet, A-Z and the apostrophe",
+    )  # fmt: skip
     libri.add_argument("--strict", action="store_true", help="exit non-zero on any problem")
     libri.add_argument("--workers", type=int, default=8)
     libri.set_defaults(func=run_librispeech)
@@ -32,9 +38,13 @@ def run_librispeech(args: argparse.Namespace) -> int:
     from asrkit.data.librispeech import prepare_librispeech, summarize
 
     parts = [p for p in args.parts.split(",") if p]
+    from asrkit.data.librispeech import ANY_TEXT, DEFAULT_ALPHABET
+
+    alphabet = ANY_TEXT if args.any_text else DEFAULT_ALPHABET
     reports = prepare_librispeech(
-        args.root, parts, args.out, resample=not args.no_resample, workers=args.workers
-    )
+        args.root, parts, args.out, resample=not args.no_resample, workers=args.workers,
+        alphabet=alphabet,
+    )  # fmt: skip
     print(summarize(reports))
     problems = sum(len(r.problems) for r in reports)
     if problems and args.strict:

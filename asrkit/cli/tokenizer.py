@@ -13,6 +13,12 @@ def register(subparsers) -> None:
     train.add_argument("--vocab-size", type=int, required=True)
     train.add_argument("--model-type", default="unigram", choices=["unigram", "bpe", "char"])
     train.add_argument("--out", required=True, help="directory for tokenizer.model/.json")
+    train.add_argument(
+        "--keep-case", action="store_true",
+        help="pieces keep upper and lower case (a cased model: hypotheses as written); by "
+             "default text is lower-cased and hypotheses upper-cased. Punctuation is kept "
+             "either way, as the transcripts have it",
+    )  # fmt: skip
     train.set_defaults(func=run_train)
 
 
@@ -29,7 +35,7 @@ def run_train(args: argparse.Namespace) -> int:
 
         names = ", ".join(str(p) for p in args.manifest)
         raise InputError(f"--manifest {names}: no transcript to train on (empty manifest?)")
-    tok = train_tokenizer(texts, args.out, args.vocab_size, args.model_type)
+    tok = train_tokenizer(texts, args.out, args.vocab_size, args.model_type, args.keep_case)
     pieces = f"{tok.vocab_size} pieces ({args.model_type})"
     print(f"tokenizer: {pieces}, blank id {tok.blank_id} -> {args.out}")
     return 0

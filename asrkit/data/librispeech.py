@@ -8,7 +8,9 @@ parallel threads (libsndfile releases the GIL).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import unicodedata
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,7 +20,8 @@ from asrkit.audio import SAMPLE_RATE, AudioError, audio_info
 from asrkit.data.manifest import Utterance, write_manifest
 from asrkit.progress import progress
 
-DEFAULT_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ' ")
+DEFAULT_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ' ")  # LibriSpeech's own
+ANY_TEXT = None  # `alphabet`: any Unicode text (NFC) without control characters
 AUDIO_SUFFIXES = (".flac", ".wav")
 
 
@@ -55,7 +58,7 @@ def prepare_librispeech(
     out_dir: str | os.PathLike,
     *,
     resample: bool = True,
-    alphabet: frozenset[str] = DEFAULT_ALPHABET,
+    alphabet: frozenset[str] | None = DEFAULT_ALPHABET,
     workers: int = 8,
     show_progress: bool = True,
 ) -> list[PartReport]:
@@ -112,16 +115,25 @@ def _check_all(candidates, resample, alphabet, workers, show_progress, label):
         return list(progress(results, total=len(candidates), label=label, enabled=show_progress))
 
 
-def _check(c: _Candidate, resample: bool, alphabet: frozenset[str]) -> Utterance | Problem:
+def _check(c: _Candidate, resample: bool, alphabet: frozenset[str] | None) -> Utterance | Problem:
     if c.audio is None:
         return Problem(c.utterance_id, "missing_audio", "transcript line without an audio file")
     if c.text is None:
         return Problem(c.utterance_id, "missing_transcript", f"{c.audio} has no transcript line")
     if not c.text:
         return Problem(c.utterance_id, "empty_text", "empty transcript")
-    bad = sorted(set(c.text) - alphabet)
-    if bad:
-        return Problem(c.utterance_id, "bad_characters", f"characters outside the alphabet: {bad}")
+    if alphabet is ANY_TEXT:
+        text = unicodedata.normalize("NFC", c.text)
+        bad = sorted({ch for ch in text if unicodedata.category(ch)[0] == "C"})
+        if bad:
+            return Problem(c.utterance_id, "bad_characters", f"control characters: {bad}")
+        c = dataclasses.replace(c, text=text)
+    else:
+        bad = sorted(set(c.text) - alphabet)
+        if bad:
+            return Problem(
+                c.utterance_id, "bad_characters", f"characters outside the alphabet: {bad}"
+            )
     try:
         info = audio_info(c.audio)
     except AudioError as err:

@@ -1,8 +1,9 @@
 """Features and token ids as sharded TFRecords, so training reads with native TF ops only.
 
 Each record: `id` (bytes), `features` (serialized float32 [T, F]), `labels` (int64 [U]),
-`text` (the transcript, what decoding scores against: token ids can map pieces to unknown),
-`duration` (float, seconds after speed perturbation). Shards are written by parallel
+`text` (the transcript as written, what decoding scores against), `duration` (float,
+seconds after speed perturbation). A transcript with a character the tokenizer can only
+encode as `<unk>` is refused, by utterance, before any shard. Shards are written by parallel
 threads (TF's kernels release the GIL), each to a temporary file renamed when complete:
 a rerun skips the shards that exist, so an interrupted extraction resumes.
 
@@ -102,8 +103,10 @@ def write_shards(
     if join.enabled:  # absent when off: earlier shards keep their fingerprint
         fingerprint["join"] = dataclasses.asdict(join)
     _refuse_other_settings(out_dir, fingerprint)
+    listed = read_manifest(manifest)
+    refuse_unknown_characters(listed, tokenizer, manifest)
     out_dir.mkdir(parents=True, exist_ok=True)
-    utterances = join_consecutive(read_manifest(manifest), join)
+    utterances = join_consecutive(listed, join)
     items = [(u, s) for u in utterances for s in speeds]
     shards = [out_dir / f"shard-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
     todo = [i for i, path in enumerate(shards) if not path.exists()]
@@ -139,6 +142,32 @@ def write_shards(
     index = {"manifest": str(manifest), "num_shards": num_shards, "fingerprint": fingerprint}
     (out_dir / "shards.json").write_text(json.dumps(index, indent=2) + "\n")
     return summary
+
+
+class UnknownCharacters(UserError, ValueError):
+    """Transcripts holding characters the tokenizer cannot encode."""
+
+
+def refuse_unknown_characters(utterances, tokenizer: Tokenizer, manifest) -> None:
+    """Every transcript must be encodable without `<unk>`: the tokenizer's pieces are the
+    alphabet. Otherwise an error naming the utterances, the characters and their counts,
+    before any shard is written."""
+    found: dict[str, int] = {}
+    bad = []
+    for utt in utterances:
+        unknown = tokenizer.unknown(utt.text)
+        if unknown:
+            bad.append(utt.id)
+            for stretch in unknown:
+                found[stretch] = found.get(stretch, 0) + 1
+    if not bad:
+        return
+    shown = ", ".join(f"{c!r} x{n}" for c, n in sorted(found.items(), key=lambda x: -x[1])[:8])
+    raise UnknownCharacters(
+        f"{manifest}: {len(bad)} utterance(s) hold characters the tokenizer cannot encode "
+        f"({shown}), e.g. {', '.join(bad[:3])}: train a tokenizer on these transcripts "
+        "(`asrkit tokenizer train`; the fine-tuning recipe's --tokenizer new) or fix them"
+    )
 
 
 def shard_fingerprint(

@@ -108,3 +108,22 @@ def test_unreadable_audio_raises_audio_error(tmp_path):
     shutil.copy(__file__, bad)
     with pytest.raises(AudioError, match=r"x\.flac"):
         read_audio(bad)
+
+
+def test_any_text_keeps_other_languages_case_and_punctuation(broken_corpus, tmp_path):
+    """With ANY_TEXT (`prepare librispeech --any-text`) a transcript is kept as written
+    (NFC), digits and punctuation included; only control characters are refused."""
+    from asrkit.data.librispeech import ANY_TEXT
+
+    chapter = broken_corpus / "dev" / "7" / "70"
+    lines = [
+        "7-70-0000 Grüße aus Köln, 123!",
+        "7-70-0001 Cafe\u0301 crème",
+        "7-70-0004 BAD\x07BELL",
+    ]
+    (chapter / "7-70.trans.txt").write_text("\n".join(lines) + "\n")
+    (report,) = prepare_librispeech(broken_corpus, ["dev"], tmp_path / "m", resample=False,
+                                    show_progress=False, alphabet=ANY_TEXT)  # fmt: skip
+    kept = {u.id: u.text for u in read_manifest(tmp_path / "m" / "dev.jsonl")}
+    assert kept == {"7-70-0000": "Grüße aus Köln, 123!", "7-70-0001": "Café crème"}
+    assert {p.utterance_id: p.kind for p in report.problems}["7-70-0004"] == "bad_characters"

@@ -74,18 +74,22 @@ def test_shards_made_before_fingerprints_are_refused(corpus, tmp_path):
 
 
 def test_references_are_the_stored_transcripts_not_token_ids(corpus, tmp_path):
-    _, manifest, _ = corpus
-    utts = read_manifest(manifest)
-    # A tokenizer that never saw most letters: their ids are <unk>, decoded as "⁇".
-    narrow = train_tokenizer(["A B C", "ABC CBA"] * 3, tmp_path / "narrow", 6, "char")
-    write_shards(manifest, narrow, tmp_path / "s", num_shards=1, show_progress=False)
+    """Shards keep each transcript as written (what decoding scores against), beside its
+    ids; the tokenizer decodes the ids upper-cased, the transcript stays as it was."""
+    from asrkit.data.manifest import write_manifest
+
+    _, manifest, tok = corpus
+    utts = [u.__class__(**{**u.__dict__, "text": u.text.lower()}) for u in read_manifest(manifest)]
+    write_manifest(tmp_path / "lower.jsonl", utts)
+    write_shards(tmp_path / "lower.jsonl", tok, tmp_path / "s", num_shards=1, show_progress=False)
     records = [parse_example(r, 80) for r in tf.data.TFRecordDataset(
         sorted(str(p) for p in (tmp_path / "s").glob("*.tfrecord")))]  # fmt: skip
     stored = {e["id"].numpy().decode(): e["text"].numpy().decode() for e in records}
     assert stored == {u.id: u.text for u in utts}
-    assert any("\u2047" in narrow.decode(e["labels"].numpy()) for e in records)
-    network = tiny_transducer(narrow.vocab_size, seed=0)
-    report = decode_shards(network, tmp_path / "s", narrow, PipelineConfig(batch_seconds=20.0))
+    assert all(tok.decode(e["labels"].numpy()) == e["text"].numpy().decode().upper()
+               for e in records)  # fmt: skip
+    network = tiny_transducer(tok.vocab_size, seed=0)
+    report = decode_shards(network, tmp_path / "s", tok, PipelineConfig(batch_seconds=20.0))
     assert {u.id: u.reference for u in report.utterances} == {u.id: u.text for u in utts}
 
 
@@ -120,3 +124,24 @@ def test_features_are_those_the_config_names(corpus, tmp_path):
     samples = round(ref.duration * 16000)
     assert int(e["feature_lengths"]) == pytest.approx(1 + (samples - 400) // 80, abs=1)
     assert np.isfinite(e["features"].numpy()).all()
+
+
+def test_characters_the_tokenizer_cannot_encode_are_refused_before_any_shard(corpus, tmp_path):
+    """The tokenizer's pieces are the alphabet: a transcript with a character it can only
+    encode as <unk> is named (utterance, character, count) and nothing is written."""
+    from asrkit.data.manifest import write_manifest
+    from asrkit.data.records import UnknownCharacters
+
+    _, manifest, tok = corpus
+    utterances = read_manifest(manifest)
+    first, second = utterances[0], utterances[1]
+    changed = [first.__class__(**{**first.__dict__, "text": first.text + " GRÜSSE"}),
+               second.__class__(**{**second.__dict__, "text": "ÜBER " + second.text}),
+               *utterances[2:]]  # fmt: skip
+    write_manifest(tmp_path / "m.jsonl", changed)
+    with pytest.raises(UnknownCharacters) as caught:
+        write_shards(tmp_path / "m.jsonl", tok, tmp_path / "s", num_shards=1, show_progress=False)
+    message = str(caught.value)
+    assert "2 utterance(s)" in message and "'ü' x2" in message
+    assert first.id in message and second.id in message
+    assert not (tmp_path / "s").exists()
