@@ -98,7 +98,9 @@ PY
       mv "data/$name.jsonl.partial" "data/$name.jsonl"
     done
   else
-    "$asrkit" prepare librispeech --root "$data" --parts "$parts" --out data.librispeech
+    # any language, case and punctuation: the tokenizer decides what it can encode
+    "$asrkit" prepare librispeech --root "$data" --parts "$parts" --out data.librispeech \
+      --any-text
     local i name
     for i in 0 1 2; do
       name=$(echo train dev test | cut -d' ' -f$((i + 1)))
@@ -112,8 +114,10 @@ make_tokenizer() {
   if [[ $tokenizer == keep ]]; then
     cp -r pretrained/tokenizer tokenizer
   else
+    local cased=()  # a cased pretrained model gets a cased new tokenizer
+    grep -q '"lower_case": false' pretrained/tokenizer/tokenizer.json && cased=(--keep-case)
     "$asrkit" tokenizer train --manifest data/train.jsonl --vocab-size "$vocab" \
-      --model-type unigram --out tokenizer
+      --model-type unigram --out tokenizer "${cased[@]}"
   fi
 }
 features() {
