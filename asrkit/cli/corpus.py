@@ -21,6 +21,9 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--noise-db", type=float, default=-60.0, help="noise floor, dBFS")
+    parser.add_argument("--language", default="en", choices=["en", "de"],
+                        help="the sentences' and voices' language (de: eSpeak NG's German "
+                             "voices; transcripts with umlauts and ß)")  # fmt: skip
     parser.add_argument("--natural-share", type=float, default=0.0, metavar="F",
                         help="draw this share of the training speakers from the natural "
                              "voices (flite/festival), not uniformly (0)")  # fmt: skip
@@ -42,6 +45,7 @@ def run_synth(args: argparse.Namespace) -> int:
         workers=args.workers,
         noise_db=args.noise_db,
         natural_share=args.natural_share,
+        language=args.language,
     )
     for part, count in report.utterances.items():
         voices = ", ".join(report.voices[part])

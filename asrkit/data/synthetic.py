@@ -54,12 +54,25 @@ _TIMES = "YESTERDAY|THIS MORNING|LAST WEEK|ON MONDAY|AT NIGHT|TODAY|ON SUNDAY|IN
 _NUMBERS = "TWO|THREE|FOUR|FIVE|SIX|SEVEN|EIGHT|NINE|TEN|ELEVEN|TWELVE"
 
 
-def sentence(rng: random.Random) -> str:
-    """One sentence of the built-in grammar (about 120 distinct words)."""
+# German (`language="de"`): plural objects (no article to agree with), verb-second order.
+_DE_SUBJECTS = "DIE KATZE|EIN HUND|MEIN FREUND|IHR BRUDER|DER ALTE MANN|EIN JUNGES MÄDCHEN|DIE LEHRERIN|UNSER NACHBAR|DER ARZT|SEINE SCHWESTER|DER BAUER|EIN KIND"  # noqa: E501
+_DE_VERBS = "SAH|FAND|WOLLTE|KAUFTE|MALTE|TRUG|VERLOR|ÖFFNETE|PUTZTE|VERKAUFTE|ZÄHLTE|SUCHTE"
+_DE_ADJECTIVES = "ROTE|GRÜNE|BLAUE|GROßE|KLEINE|SCHWERE|KAPUTTE|GLÄNZENDE|HÖLZERNE|GELBE|WEIßE|SCHWARZE"  # noqa: E501
+_DE_NOUNS = "KISTEN|STÜHLE|BÜCHER|BÄLLE|HÄUSER|FENSTER|TISCHE|BRIEFE|FAHRRÄDER|KÖRBE|TASSEN|TÜREN"
+_DE_PLACES = "IN DER KÜCHE|AM FLUSS|AUF DEM MARKT|HINTER DER SCHULE|AUF DEM HÜGEL|UNTER DER BRÜCKE|IM GARTEN|AM MEER"  # noqa: E501
+_DE_TIMES = "GESTERN|HEUTE MORGEN|LETZTE WOCHE|AM MONTAG|IN DER NACHT|HEUTE|AM SONNTAG|AM ABEND"
+_DE_NUMBERS = "ZWEI|DREI|VIER|FÜNF|SECHS|SIEBEN|ACHT|NEUN|ZEHN|ELF|ZWÖLF"
+LANGUAGES = ("en", "de")
+
+
+def sentence(rng: random.Random, language: str = "en") -> str:
+    """One sentence of the built-in grammar of `language` (about 120 distinct words)."""
 
     def pick(options: str) -> str:
         return rng.choice(options.split("|"))
 
+    if language == "de":
+        return _german(rng, pick)
     singular, plural = pick(_NOUNS).split(":")
     template = rng.randrange(4)
     if template == 0:
@@ -71,6 +84,18 @@ def sentence(rng: random.Random) -> str:
     else:
         other = pick(_NOUNS).split(":")[0]
         words = [pick(_SUBJECTS), pick(_VERBS), "THE", singular, "AND THE", other, pick(_PLACES)]
+    return " ".join(words)
+
+
+def _german(rng: random.Random, pick) -> str:
+    objects = [pick(_DE_NUMBERS), pick(_DE_ADJECTIVES), pick(_DE_NOUNS)]
+    template = rng.randrange(3)
+    if template == 0:
+        words = [pick(_DE_SUBJECTS), pick(_DE_VERBS), *objects, pick(_DE_PLACES)]
+    elif template == 1:
+        words = [pick(_DE_TIMES), pick(_DE_VERBS), pick(_DE_SUBJECTS), *objects]
+    else:
+        words = [pick(_DE_SUBJECTS), pick(_DE_VERBS), objects[0], objects[2], pick(_DE_PLACES)]
     return " ".join(words)
 
 
@@ -144,6 +169,7 @@ def plan_corpus(
     voices: list[Voice],
     noise_db: float,
     natural_share: float = 0.0,
+    language: str = "en",
 ) -> tuple[list[Speaker], list[_Job], dict[Path, list[str]]]:
     rng = random.Random(seed)
     by_part = split_identities(voices, rng)
@@ -163,7 +189,7 @@ def plan_corpus(
             utt = i // n_speakers
             folder = out_dir / part / str(spk.id) / str(chapter)
             utt_id = f"{spk.id}-{chapter}-{utt:04d}"
-            text = sentence(rng)
+            text = sentence(rng, language)
             rate = spk.rate + rng.randint(-10, 10)
             jobs.append(
                 _Job(str(folder / f"{utt_id}.flac"), text, spk.voice, rate, spk.pitch,
@@ -198,16 +224,20 @@ def make_synthetic_corpus(
     noise_db: float = -60.0,
     show_progress: bool = True,
     natural_share: float = 0.0,
+    language: str = "en",
 ) -> CorpusReport:
-    """Synthesises the corpus under `out_dir` and returns what was made."""
+    """Synthesises the corpus under `out_dir` and returns what was made. `language`: the
+    grammar's and the voices' ("de": eSpeak NG's German voices, no natural ones)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    if language not in LANGUAGES:
+        raise ValueError(f"unknown language {language!r}; choose from {LANGUAGES}")
     out_dir = Path(out_dir)
-    voices = available_voices()
+    voices = available_voices(language)
     if not 0 <= natural_share <= 1:
         raise ValueError(f"natural_share must be in [0, 1], got {natural_share}")
     speakers, jobs, transcripts = plan_corpus(
-        out_dir, PRESETS[preset], seed, voices, noise_db, natural_share
+        out_dir, PRESETS[preset], seed, voices, noise_db, natural_share, language
     )
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
         durations = list(

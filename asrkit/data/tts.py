@@ -58,15 +58,19 @@ FESTIVAL_VOICE_DIR = Path("/usr/share/festival/voices")
 PITCH_SHIFTS = (-300, 300)  # cents
 
 
-def available_voices() -> list[Voice]:
-    """Every voice of every engine present on this machine (eSpeak NG always)."""
+def available_voices(language: str = "en") -> list[Voice]:
+    """Every voice of every engine present on this machine that speaks `language` (eSpeak
+    NG always; the natural engines speak English only)."""
     # An eSpeak variant is the voice (timbre); the accent only changes pronunciation, so
     # the identity is the variant: a held-out variant is unheard in every accent.
+    accents = ESPEAK_ACCENTS if language == "en" else (language,)
     voices = [
         Voice("espeak", f"{accent}+{variant}", f"espeak:{variant}", sex)
-        for accent in ESPEAK_ACCENTS
+        for accent in accents
         for variant, sex in ESPEAK_VARIANTS.items()
     ]
+    if language != "en":
+        return voices
     natural = []
     if shutil.which("flite"):
         natural += [

@@ -13,6 +13,7 @@ from asrkit.data.manifest import read_manifest
 from asrkit.data.synthetic import (
     PARTS,
     PRESETS,
+    make_synthetic_corpus,
     plan_corpus,
     sentence,
     split_identities,
@@ -146,3 +147,20 @@ def test_a_natural_share_of_training_speakers_and_the_default_unchanged(tmp_path
         assert np.mean([s.voice.engine == "flite" for s in uniform if s.part == PARTS[0]]) < 0.2
         for part in PARTS[1:]:
             assert heard.isdisjoint(s.voice.identity for s in by_part[part])
+
+
+def test_a_german_corpus_speaks_german_text_with_umlauts(tmp_path):
+    """`--language de`: German sentences (umlauts, ß) from eSpeak NG's German voices; kept
+    as written by `prepare librispeech --any-text`, refused by LibriSpeech's alphabet."""
+    from asrkit.data.librispeech import ANY_TEXT
+
+    report = make_synthetic_corpus(tmp_path / "de", "tiny", seed=2, show_progress=False,
+                                   language="de")  # fmt: skip
+    assert all(v.startswith("espeak:") for part in report.voices.values() for v in part)
+    (kept,) = prepare_librispeech(tmp_path / "de", ["train-clean-100"], tmp_path / "any",
+                                  show_progress=False, alphabet=ANY_TEXT)  # fmt: skip
+    texts = [u.text for u in read_manifest(tmp_path / "any" / "train-clean-100.jsonl")]
+    assert len(texts) == 8 and any(set(t) & set("ÄÖÜß") for t in texts)
+    (strict,) = prepare_librispeech(tmp_path / "de", ["train-clean-100"], tmp_path / "az",
+                                    show_progress=False)  # fmt: skip
+    assert {p.kind for p in strict.problems} == {"bad_characters"}
