@@ -86,7 +86,7 @@ def training_settings(config) -> str:
     rates = [enc.dropout, enc.attention_dropout, enc.pre_encoder_dropout]
     parts.append(
         "dropout "
-        + "/".join("-" if r is None else f"{r:g}" for r in rates)
+        + "/".join(f"{enc.dropout if r is None else r:g}" for r in rates)
         + f" (blocks/attention/pre-encoder), predictor {config.model.predictor.dropout:g}"
     )
     return "; ".join(parts)
