@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -565,6 +566,9 @@ def build_config(cls, data: dict, section: str = ""):
     return built
 
 
+_EXPONENT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
 def _check_type(value, kind, path):
     if typing.get_origin(kind) is tuple:  # tuple[int, ...]: a YAML list of ints
         item = typing.get_args(kind)[0]
@@ -578,6 +582,8 @@ def _check_type(value, kind, path):
     for t in allowed:
         if t is float and isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
+        if t is float and isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
         if t is int and isinstance(value, int) and not isinstance(value, bool):
             return value
         if t in (str, bool) and isinstance(value, t):

@@ -125,3 +125,15 @@ def test_the_streaming_librispeech_config_is_conformer_s_with_chunks():
     unchunked = dataclasses.replace(streaming.model.encoder, chunk_frames=0, left_chunks=-1)
     assert dataclasses.replace(streaming.model, encoder=unchunked) == plain.model
     assert streaming.train == plain.train and streaming.data == plain.data
+
+
+def test_a_float_in_exponent_notation_without_a_dot_is_a_float(tmp_path):
+    """YAML 1.1 reads `1e-3` as a string; a float key takes it as the number it means, in
+    --set and in a file alike, and a word is still refused."""
+    from asrkit.config import ConfigError, load_config
+
+    assert load_config(None, ["train.learning_rate=1e-3"]).train.learning_rate == 1e-3
+    (tmp_path / "c.yaml").write_text("train:\n  learning_rate: 5E-4\n")
+    assert load_config(tmp_path / "c.yaml").train.learning_rate == 5e-4
+    with pytest.raises(ConfigError, match="must be float"):
+        load_config(None, ["train.learning_rate=fast"])
