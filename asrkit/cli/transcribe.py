@@ -21,7 +21,11 @@ EXTENSIONS = {"text": ".txt", "json": ".jsonl", "srt": ".srt"}
 
 def register(subparsers) -> None:
     transcribe = subparsers.add_parser("transcribe", help="transcribe audio files")
-    transcribe.add_argument("files", nargs="+", metavar="FILE")
+    transcribe.add_argument("files", nargs="*", metavar="FILE")
+    transcribe.add_argument(
+        "--manifest", help="transcribe a manifest's entries (asrkit's or NeMo's; segments "
+                           "by offset) instead of FILEs; each result is named by its id",
+    )  # fmt: skip
     source = transcribe.add_mutually_exclusive_group(required=True)
     source.add_argument("--exp-dir", help="a trained experiment")
     source.add_argument("--model", help="a SavedModel from `asrkit export`")
@@ -70,15 +74,24 @@ def run(args: argparse.Namespace) -> int:
     check_search_arguments(args)
     if args.model and args.nbest > 1:
         _check_export_finds(args.model, args.nbest)
+    if bool(args.files) == bool(args.manifest):
+        raise InputError("give audio FILEs or --manifest M (one of them)")
+    if args.manifest:
+        from asrkit.data.manifest import read_usable_manifest
+
+        if args.streaming:
+            raise InputError("--streaming decodes FILEs: drop --manifest")
+        args.files = read_usable_manifest(args.manifest)
+    names = [u.id if hasattr(u, "id") else u for u in args.files]
     if args.format == "srt" and len(args.files) > 1 and not args.out_dir:
         raise InputError("--format srt with several files needs --out-dir (one .srt each)")
-    stems = [Path(f).stem for f in args.files]
+    stems = [Path(f).stem for f in names]
     if args.out_dir:
         writable_directory(args.out_dir, "--out-dir")
     if args.out_dir and len(set(stems)) < len(stems):
         twice = next(s for s in stems if stems.count(s) > 1)
         raise InputError(f"--out-dir: two files would both write {twice}.*; rename one")
-    missing = [f for f in args.files if not Path(f).is_file()]
+    missing = [f for f in args.files if not args.manifest and not Path(f).is_file()]
     if missing:
         raise InputError(f"no such audio file: {missing[0]}")
     from asrkit.decoding import formats

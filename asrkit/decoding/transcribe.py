@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.audio import read_audio
+from asrkit.data.manifest import Utterance, read_utterance
 from asrkit.config import ExperimentConfig
 from asrkit.decoding.beam import beam_found
 from asrkit.decoding.long_audio import Window, Windowing, join_words, plan_windows
@@ -153,17 +154,24 @@ class SavedModelRecogniser:
 
 def transcribe_files(
     recognise,
-    paths: list[str | Path],
+    paths: list,
     batch_seconds: float = 60.0,
     windowing: Windowing | None = None,
 ) -> list[Transcript]:
     """Each audio file's transcript, in the order given; files longer than
     `windowing.max_seconds` are decoded in overlapping windows and joined by time.
-    Windows are decoded in batches of at most `batch_seconds` padded audio."""
+    Windows are decoded in batches of at most `batch_seconds` padded audio. An item may be
+    a manifest `Utterance` instead of a path (its segment, if it has one; its transcript
+    is named by its id)."""
     windowing = windowing or Windowing()
     rate = recognise.sample_rate
-    paths = [str(p) for p in paths]
-    audio = {p: read_audio(p, rate) for p in paths}
+    audio = {}
+    for item in paths:
+        if isinstance(item, Utterance):
+            audio[item.id] = read_utterance(item, rate)
+        else:
+            audio[str(item)] = read_audio(str(item), rate)
+    paths = list(audio)
     step = round(recognise.clock.period * rate)  # windows start on encoder frames
     windows_of = {p: plan_windows(audio[p], rate, windowing, step) for p in paths}
     jobs = [(p, w) for p in paths for w in windows_of[p]]

@@ -302,3 +302,35 @@ def test_the_export_decodes_with_the_ctc_head(imported, tmp_path):
                                experiment.tokenizer, DecodeOptions("ctc"))  # fmt: skip
         assert out["text"][i].numpy().decode() == want.text
         assert len(want.text) > 10
+
+
+def test_transcribe_takes_a_nemo_manifest_with_segments(imported, tmp_path, capsys):
+    """`transcribe --manifest` reads NeMo's entries (a segment of a clip by offset, a whole
+    clip by a path relative to the manifest) and names each result by its id."""
+    import soundfile
+
+    from asrkit.audio import read_audio
+    from asrkit.cli.main import main
+    from asrkit.features import log_mel
+
+    clip = ROOT / META["clips"][1]
+    (tmp_path / "audio").mkdir()
+    (tmp_path / "audio" / "whole.flac").write_bytes(clip.read_bytes())
+    lines = [{"audio_filepath": str(clip), "offset": 1.0, "duration": 2.5, "text": "-"},
+             {"audio_filepath": "audio/whole.flac", "duration": soundfile.info(clip).duration,
+              "text": "-"}]  # fmt: skip
+    (tmp_path / "m.json").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    summary, experiment = imported["hybrid_tdt_ctc"]
+    argv = ["transcribe", "--exp-dir", str(summary.exp_dir), "--method", "ctc",
+            "--manifest", str(tmp_path / "m.json")]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()
+    samples = read_audio(clip, 16000)
+    for line, piece in zip(printed, (samples[16000:56000], samples), strict=True):
+        features = log_mel(piece, experiment.config.features).numpy()[None]
+        (want,) = decode_batch(experiment.network, features, [features.shape[1]],
+                               experiment.tokenizer, DecodeOptions("ctc"))  # fmt: skip
+        assert line.split("\t")[1] == want.text
+    assert [line.split("\t")[0] for line in printed] == [f"{clip.stem}-1.00", "whole"]
+    assert main(["transcribe", "--exp-dir", str(summary.exp_dir), "--manifest",
+                 str(tmp_path / "m.json"), str(clip)]) == 2  # fmt: skip
