@@ -18,8 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.audio import read_audio
-from asrkit.data.manifest import Utterance, read_utterance
 from asrkit.config import ExperimentConfig
+from asrkit.data.manifest import Utterance, read_utterance
 from asrkit.decoding.beam import beam_found
 from asrkit.decoding.long_audio import Window, Windowing, join_words, plan_windows
 from asrkit.decoding.runner import by_budget, featurise_samples
