@@ -19,6 +19,11 @@ def register(subparsers) -> None:
     extract.add_argument("--speeds", default="1.0", help="speed factors, e.g. 0.9,1.0,1.1")
     extract.add_argument("--workers", type=int, default=2)
     extract.add_argument(
+        "--allow-unknown", action="store_true",
+        help="a set that is only scored (dev, test): characters the tokenizer cannot encode "
+             "are a warning, not an error (the references are the transcripts)",
+    )  # fmt: skip
+    extract.add_argument(
         "--join-seconds", type=float, default=0.0, metavar="S",
         help="join consecutive utterances of a speaker into one of up to S seconds (training "
              "data: the model learns to go on past a sentence end; 0: off)",
@@ -76,6 +81,7 @@ def run_extract(args: argparse.Namespace) -> int:
         config=_features(args),
         workers=args.workers,
         join=join,
+        allow_unknown=args.allow_unknown,
     )
     print(
         f"{summary.utterances} utterances, {summary.frames} frames in "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,16 +96,19 @@ def write_shards(
     workers: int = 2,
     show_progress: bool = True,
     join: JoinSettings = JoinSettings(),  # noqa: B008 (frozen, immutable)
+    allow_unknown: bool = False,
 ) -> ShardSummary:
     """Extracts features for every utterance (× every speed factor) into `num_shards` files;
-    with `join`, some consecutive utterances of a speaker become one (`asrkit.data.joining`)."""
+    with `join`, some consecutive utterances of a speaker become one (`asrkit.data.joining`).
+    A transcript the tokenizer cannot encode is an error, or with `allow_unknown` (a set
+    that is only scored, whose references are the transcripts) a warning."""
     out_dir = Path(out_dir)
     fingerprint = shard_fingerprint(config, tokenizer, speeds)
     if join.enabled:  # absent when off: earlier shards keep their fingerprint
         fingerprint["join"] = dataclasses.asdict(join)
     _refuse_other_settings(out_dir, fingerprint)
     listed = read_manifest(manifest)
-    refuse_unknown_characters(listed, tokenizer, manifest)
+    refuse_unknown_characters(listed, tokenizer, manifest, warn=allow_unknown)
     out_dir.mkdir(parents=True, exist_ok=True)
     utterances = join_consecutive(listed, join)
     items = [(u, s) for u in utterances for s in speeds]
@@ -148,10 +152,12 @@ class UnknownCharacters(UserError, ValueError):
     """Transcripts holding characters the tokenizer cannot encode."""
 
 
-def refuse_unknown_characters(utterances, tokenizer: Tokenizer, manifest) -> None:
+def refuse_unknown_characters(
+    utterances, tokenizer: Tokenizer, manifest, warn: bool = False
+) -> None:
     """Every transcript must be encodable without `<unk>`: the tokenizer's pieces are the
     alphabet. Otherwise an error naming the utterances, the characters and their counts,
-    before any shard is written."""
+    before any shard is written (`warn`: the same as one warning)."""
     found: dict[str, int] = {}
     bad = []
     for utt in utterances:
@@ -163,10 +169,16 @@ def refuse_unknown_characters(utterances, tokenizer: Tokenizer, manifest) -> Non
     if not bad:
         return
     shown = ", ".join(f"{c!r} x{n}" for c, n in sorted(found.items(), key=lambda x: -x[1])[:8])
+    what = (f"{manifest}: {len(bad)} utterance(s) hold characters the tokenizer cannot encode "
+            f"({shown}), e.g. {', '.join(bad[:3])}")  # fmt: skip
+    if warn:
+        warnings.warn(f"{what}: their labels hold <unk> (scoring uses the transcripts)",
+                      stacklevel=2)  # fmt: skip
+        return
     raise UnknownCharacters(
-        f"{manifest}: {len(bad)} utterance(s) hold characters the tokenizer cannot encode "
-        f"({shown}), e.g. {', '.join(bad[:3])}: train a tokenizer on these transcripts "
-        "(`asrkit tokenizer train`; the fine-tuning recipe's --tokenizer new) or fix them"
+        f"{what}: train a tokenizer on these transcripts (`asrkit tokenizer train`; the "
+        "fine-tuning recipe's --tokenizer new) or fix them; a set that is only scored may "
+        "pass --allow-unknown"
     )
 
 

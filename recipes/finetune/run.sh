@@ -130,8 +130,9 @@ make_tokenizer() {
 features() {
   local name
   for name in train dev; do  # the test set is decoded from its manifest, by each model
+    local scored=(); [[ $name == dev ]] && scored=(--allow-unknown)
     "$asrkit" features extract --manifest "data/$name.jsonl" --tokenizer tokenizer \
-      --out "shards/$name" --shards 4 --config pretrained/config.yaml
+      --out "shards/$name" --shards 4 --config pretrained/config.yaml "${scored[@]}"
   done
 }
 finetune_config() {  # the pretrained model's config, the fine-tuning settings, the data

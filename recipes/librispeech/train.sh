@@ -96,7 +96,8 @@ features() {
   local part
   for part in "${scored[@]}"; do
     "$asrkit" features extract --manifest "data/$part.jsonl" --tokenizer tokenizer \
-      --out "shards/$part" --shards 8 --workers "$(nproc)" --config "$config" "${sets[@]}"
+      --out "shards/$part" --shards 8 --workers "$(nproc)" --config "$config" "${sets[@]}" \
+      --allow-unknown  # only scored
   done
   "$asrkit" features cmvn --shards shards/train --out cmvn.json --config "$config" "${sets[@]}"
 }

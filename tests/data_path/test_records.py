@@ -145,3 +145,17 @@ def test_characters_the_tokenizer_cannot_encode_are_refused_before_any_shard(cor
     assert "2 utterance(s)" in message and "'ü' x2" in message
     assert first.id in message and second.id in message
     assert not (tmp_path / "s").exists()
+
+
+def test_a_scored_set_may_hold_unknown_characters_with_a_warning(corpus, tmp_path):
+    from asrkit.data.manifest import write_manifest
+
+    _, manifest, tok = corpus
+    utterances = read_manifest(manifest)
+    first = utterances[0]
+    write_manifest(tmp_path / "m.jsonl",
+                   [first.__class__(**{**first.__dict__, "text": first.text + " Ü"})])  # fmt: skip
+    with pytest.warns(UserWarning, match="1 utterance.*'ü' x1.*scoring uses the transcripts"):
+        write_shards(tmp_path / "m.jsonl", tok, tmp_path / "s", num_shards=1,
+                     show_progress=False, allow_unknown=True)  # fmt: skip
+    assert len(list((tmp_path / "s").glob("*.tfrecord"))) == 1
