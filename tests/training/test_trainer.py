@@ -665,8 +665,10 @@ def test_two_worker_training_equals_one_process_with_the_same_global_batches(wor
 
 
 @pytest.mark.slow  # ~11 s; the CTC loss itself is tested in tests/losses/test_ctc.py
-def test_verify_accumulation_passes_with_an_auxiliary_ctc_loss(workdir):
-    report = _verify(workdir, "loss.ctc_weight=0.5")
+@pytest.mark.parametrize("interpolate", [False, True])
+def test_verify_accumulation_passes_with_an_auxiliary_ctc_loss(workdir, interpolate):
+    report = _verify(workdir, "model.ctc_head=true", "loss.ctc_weight=0.5",
+                     f"loss.ctc_interpolate={str(interpolate).lower()}")  # fmt: skip
     assert report.passed and report.max_relative_difference < 1e-5
 
 
