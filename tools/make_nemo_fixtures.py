@@ -241,6 +241,31 @@ def _overfit(model, batch, lengths, targets, target_lengths, steps: int = 400) -
     model.eval()
 
 
+def _randomise_statistics(model) -> None:
+    """BatchNorm running statistics and the attention's position biases drawn at random, so
+    that they count (NeMo initialises them to 0 and 1)."""
+    import torch
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm1d):
+                module.running_mean.normal_(0, 0.5)
+                module.running_var.uniform_(0.5, 2.0)
+            if hasattr(module, "pos_bias_u") and module.pos_bias_u is not None:
+                module.pos_bias_u.normal_(0, 0.2)
+                module.pos_bias_v.normal_(0, 0.2)
+
+
+def _padded(tokens: list[list[int]]):
+    """Token lists as a zero-padded int64 batch and their lengths."""
+    import numpy as np
+
+    targets = np.zeros((len(tokens), max(len(t) for t in tokens)), np.int64)
+    for i, t in enumerate(tokens):
+        targets[i, : len(t)] = t
+    return targets, np.array([len(t) for t in tokens])
+
+
 def _tokenizer(out: Path) -> Path:
     """A 48-piece BPE SentencePiece model as NeMo's tokenizer script makes them (`<unk>`
     at id 0, no bos/eos), trained on the clips' transcripts (lower case)."""
@@ -314,23 +339,13 @@ def models(out: Path) -> None:
     for name in MODELS:
         torch.manual_seed(3)
         model = EncDecRNNTBPEModel(cfg=OmegaConf.create(_model_config(tokenizer, name)))
+        _randomise_statistics(model)
         with torch.no_grad():
-            for module in model.modules():
-                if isinstance(module, torch.nn.BatchNorm1d):
-                    module.running_mean.normal_(0, 0.5)
-                    module.running_var.uniform_(0.5, 2.0)
-                if hasattr(module, "pos_bias_u") and module.pos_bias_u is not None:
-                    module.pos_bias_u.normal_(0, 0.2)
-                    module.pos_bias_v.normal_(0, 0.2)
             out_layer = model.joint.joint_net[-1]
             if out_layer.bias.shape[0] > model.tokenizer.vocab_size + 1:  # TDT durations
                 out_layer.bias[model.tokenizer.vocab_size + 1 :].normal_(0, 1.0)
         tokens = [model.tokenizer.text_to_ids(t) for t in lines]
-        u = max(len(t) for t in tokens)
-        targets = np.zeros((len(tokens), u), np.int64)
-        for i, t in enumerate(tokens):
-            targets[i, : len(t)] = t
-        target_lengths = np.array([len(t) for t in tokens])
+        targets, target_lengths = _padded(tokens)
         _overfit(model, torch.from_numpy(batch), torch.from_numpy(lengths),
                  torch.from_numpy(targets), torch.from_numpy(target_lengths))  # fmt: skip
         model.save_to(str(out / f"{name}.nemo"))
@@ -546,19 +561,9 @@ def steps(out: Path) -> None:
         config = OmegaConf.create(_step_config(tokenizer, name))
         cls = EncDecHybridRNNTCTCBPEModel if "aux_ctc" in config else EncDecRNNTBPEModel
         model = cls(cfg=config)
-        with torch.no_grad():
-            for module in model.modules():
-                if isinstance(module, torch.nn.BatchNorm1d):
-                    module.running_mean.normal_(0, 0.5)
-                    module.running_var.uniform_(0.5, 2.0)
-                if hasattr(module, "pos_bias_u") and module.pos_bias_u is not None:
-                    module.pos_bias_u.normal_(0, 0.2)
-                    module.pos_bias_v.normal_(0, 0.2)
+        _randomise_statistics(model)
         tokens = [model.tokenizer.text_to_ids(t)[: STEP_TOKENS - i] for i, t in enumerate(lines)]
-        targets = np.zeros((len(tokens), max(len(t) for t in tokens)), np.int64)
-        for i, t in enumerate(tokens):
-            targets[i, : len(t)] = t
-        target_lengths = np.array([len(t) for t in tokens])
+        targets, target_lengths = _padded(tokens)
         if "aux_ctc" in config:
             _fit_ctc(model, batch, lengths, targets, target_lengths)
         model.save_to(str(out / f"step_{name}.nemo"))

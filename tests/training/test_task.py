@@ -18,12 +18,17 @@ from asrkit.training.task import TransducerTask
 from tests.tiny import tiny_model_config
 
 
+def _batch(seed: int):
+    """Three utterances of 64, 40 and 28 frames with 4, 2 and 1 labels."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((3, 64, 80)).astype(np.float32), np.array([64, 40, 28]),
+            np.array([[1, 2, 2, 4], [5, 6, 0, 0], [7, 0, 0, 0]], np.int32),
+            np.array([4, 2, 1]))  # fmt: skip
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_auxiliary_ctc_adds_its_weighted_loss_to_each_utterance(fused):
-    rng = np.random.default_rng(3)
-    batch = (rng.standard_normal((3, 64, 80)).astype(np.float32), np.array([64, 40, 28]),
-             np.array([[1, 2, 2, 4], [5, 6, 0, 0], [7, 0, 0, 0]], np.int32),
-             np.array([4, 2, 1]))  # fmt: skip
+    batch = _batch(3)
     keras.utils.set_random_seed(0)
     plain = TransducerTask(Transducer(9, tiny_model_config()), LossConfig(fused=fused))
     hybrid = dataclasses.replace(tiny_model_config(), ctc_head=True)
@@ -55,10 +60,7 @@ def test_auxiliary_ctc_adds_its_weighted_loss_to_each_utterance(fused):
 def test_each_normalisation_is_nemos_reduction_of_the_same_batch(normalize_by):
     """(sum, count) of a batch divided as the engine divides them = NeMo's reduction
     (mean_volume, mean_batch, mean) of the per-utterance losses, in NumPy."""
-    rng = np.random.default_rng(5)
-    batch = (rng.standard_normal((3, 64, 80)).astype(np.float32), np.array([64, 40, 28]),
-             np.array([[1, 2, 2, 4], [5, 6, 0, 0], [7, 0, 0, 0]], np.int32),
-             np.array([4, 2, 1]))  # fmt: skip
+    batch = _batch(5)
     keras.utils.set_random_seed(0)
     task = TransducerTask(Transducer(9, tiny_model_config()), LossConfig(normalize_by=normalize_by))
     task.build_heads(80)
