@@ -181,3 +181,57 @@ def test_bench_export_memory_prints_the_peak_per_length(tiny_experiment, tmp_pat
     assert [float(r[0]) for r in rows] == [0.1, 0.6], out
     assert all(100 < int(r[1]) < 8000 for r in rows)  # MiB: a TensorFlow process
     assert "windows of 30.0 s" in out  # no training lengths recorded: transcribe's 30 s
+
+
+def test_executed_flops_counts_products_and_convolutions_forward_and_backward(monkeypatch):
+    """Each matrix product and convolution costs 2 x its multiply-adds, and its gradient
+    twice that again (one product for the input's, one for the weight's): forward +
+    backward count 3 x the hand-counted forward, inside a tf.function and a loop too."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import tensorflow as tf
+    from bench_throughput import executed_flops
+
+    batch, steps, width, out, kernel = 2, 12, 6, 5, 3
+    dense = tf.Variable(tf.random.normal([width, out]))
+    conv = tf.Variable(tf.random.normal([1, kernel, width, out]))
+    depthwise = tf.Variable(tf.random.normal([1, kernel, width, 1]))
+    square = tf.Variable(tf.random.normal([width, width]))
+
+    @tf.function
+    def inner(x):  # a nested function: its graph is called, not inlined
+        return tf.einsum("btd,de->bte", x, dense)
+
+    def passes(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            image = x[:, None]
+            y = inner(x)
+            y += tf.nn.conv2d(image, conv, strides=1, padding="VALID")[:, 0, :1]
+            z = tf.nn.depthwise_conv2d(image, depthwise, strides=[1, 1, 1, 1], padding="SAME")
+            scores = tf.matmul(z[:, 0], z[:, 0], transpose_b=True)  # batch matmul
+            _, looped = tf.while_loop(
+                lambda i, h: i < 4, lambda i, h: (i + 1, tf.matmul(h, square)),
+                (0, x[0]),
+            )  # fmt: skip
+            total = tf.reduce_sum(y) + tf.reduce_sum(scores) + tf.reduce_sum(looped)
+        return tape.gradient(total, [x, dense, conv, depthwise, square])
+
+    forward = (
+        2 * batch * steps * width * out  # the einsum
+        + 2 * batch * (steps - kernel + 1) * out * kernel * width  # the convolution
+        + 2 * batch * steps * width * kernel  # the depthwise convolution
+        + 2 * batch * steps * steps * width  # the scores
+        + 4 * 2 * steps * width * width  # the loop's four products
+    )
+    assert executed_flops(passes, tf.random.normal([batch, steps, width])) == 3 * forward
+
+
+@pytest.mark.slow
+def test_bench_throughput_prints_the_peak_and_the_achieved_share():
+    out = _run(str(TOOLS / "bench_throughput.py"), "--configs", "mini_conformer",
+               "--batch", "1", "--seconds", "1", "--labels", "4", "--repeats", "2",
+               "--gemm", "256")  # fmt: skip
+    peaks = _figures(r"-> ([\d.]+) GFLOP/s\n", out)
+    assert len(peaks) == 2 and all(p > 0 for p in peaks), out
+    shares = _figures(r"= ([\d.]+) % of the float32 peak", out)
+    assert len(shares) == 4 and all(0 < s < 400 for s in shares), out  # 2 passes x 2 precisions
