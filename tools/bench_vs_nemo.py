@@ -9,6 +9,8 @@ imported into asrkit with `asrkit import nemo`, so both sides run the same weigh
     python tools/bench_vs_nemo.py --nemo-python /path/nemo-venv/bin/python \
         --nemo-model exp/nemo_ref/model.nemo --manifest exp/mini/data/test-clean.jsonl \
         [--repeats 3] [--utterances 64]
+    python tools/bench_vs_nemo.py --nemo-python ... --nemo-model fc_114m.nemo \
+        --tasks step --shapes 2x10x40,4x20x80
 
 Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, NeMo ...),
 `--repeats` times, after a warm-up in the same process; printed as asrkit and NeMo median
@@ -23,7 +25,17 @@ Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, N
   PyTorch loss of make_nemo_fixtures.py (so that the loss's share shows), vs asrkit's
   TransducerTask with the imported experiment's loss settings, and (if those fuse the joint
   and the loss) again with `loss.fused: false`;
-- the peak RSS of each child process.
+- the peak RSS of each child process;
+- `step` (not by default; no manifest): one training update of a `.nemo` of any size
+  (tools/make_nemo_published.py builds the published shapes) on fabricated micro-batches
+  (`--shapes`: utterances x seconds x labels; random features and labels), dropout off,
+  BatchNorm at its statistics: NeMo's own update as the model's config sets it (with
+  `fuse_loss_wer`, its sub-batched joint and loss) with its CPU loss (numba: the memory
+  figure) and with the vectorised loss in its place (the time figure), against asrkit's
+  TransducerTask with the imported loss settings. Per side: RSS after loading, RSS with
+  the training state (after NeMo's first update: its AdamW slots exist only from then),
+  the time per update, the process peak; for asrkit also the allocator's bytes before the
+  step and its exact peak during it (what a GPU would hold).
 """
 
 from __future__ import annotations
@@ -78,6 +90,8 @@ def _asrkit(request: dict) -> dict:
 
     exp = Path(tempfile.mkdtemp()) / "exp"
     import_nemo(request["nemo_model"], exp)
+    if request["task"] == "step":
+        return _asrkit_step(exp, request)
     experiment = load_experiment(exp)
     utterances = _utterances(request["manifest"], request["utterances"])
     waves = _waves(utterances)
@@ -163,6 +177,70 @@ def _asrkit(request: dict) -> dict:
     return out
 
 
+def _shape(request: dict) -> tuple[int, int, int]:
+    """(utterances, feature frames, labels) of the step's fabricated micro-batch."""
+    return request["batch"], int(request["seconds"] * 100), request["labels"]
+
+
+def _asrkit_step(exp: Path, request: dict) -> dict:
+    """One training update of the imported network on a fabricated micro-batch (random
+    features and labels), dropout off, as `asrkit train` runs it: the process's RSS after
+    loading and after building the engine (weights, AdamW slots, accumulators), the
+    allocator's state before the step and its peak during it, the time per update and the
+    process peak."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from asrkit.config import load_config
+    from asrkit.experiment import build_network
+    from asrkit.training.memory_meter import allocator_peak
+    from asrkit.training.task import TransducerTask
+
+    out = {"RSS after loading MiB": _rss_mib()}
+    config = load_config(exp / "config.yaml")
+    encoder = replace(config.model.encoder, dropout=0.0, attention_dropout=0.0,
+                      pre_encoder_dropout=0.0)  # fmt: skip
+    predictor = replace(config.model.predictor, dropout=0.0)
+    model = replace(config.model, encoder=encoder, predictor=predictor)
+    vocab = _vocab(exp)
+    batch_size, frames, labels = _shape(request)
+    rng = np.random.default_rng(0)
+    batch = (
+        rng.standard_normal((batch_size, frames, config.features.num_mel_bins)).astype("float32"),
+        np.full(batch_size, frames, np.int32),
+        rng.integers(1, vocab, (batch_size, labels)).astype(np.int32),
+        np.full(batch_size, labels, np.int32),
+    )
+    loss = config.loss if request.get("loss_fused", True) else replace(config.loss, fused=False)
+    task = TransducerTask(build_network(replace(config, model=model), vocab), loss)
+    task.compile(keras.optimizers.AdamW(1e-5), accumulation_steps=1)
+    task.build_engine(batch)
+    out["RSS with the training state MiB"] = _rss_mib()
+    out["allocator before the step MiB"] = (
+        tf.config.experimental.get_memory_info("CPU:0")["current"] / 2**20
+    )
+    data = tf.data.Dataset.from_tensors(batch)
+    task.fit(data, verbose=0)  # the warm-up: tracing
+    out["allocator step peak MiB"] = allocator_peak(lambda: task.fit(data, verbose=0)) / 2**20
+    out["update s"] = timed(lambda: task.fit(data, verbose=0), repeats=ROUNDS, warmup=0).median
+    out["peak RSS MiB"] = _peak_rss_mib()
+    return out
+
+
+def _vocab(exp: Path) -> int:
+    from asrkit.tokenizer import Tokenizer
+
+    return Tokenizer.load(exp / "tokenizer").vocab_size
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 # ---- the NeMo side ----------------------------------------------------------------------
 
 
@@ -177,6 +255,8 @@ def _nemo(request: dict) -> dict:
 
     nemo_logging.setLevel(logging.ERROR)
     model = EncDecRNNTBPEModel.restore_from(request["nemo_model"], map_location="cpu")
+    if request["task"] == "step":
+        return _nemo_step(model, request)
     utterances = _utterances(request["manifest"], request["utterances"])
     waves = _waves(utterances)
     out = {}
@@ -274,6 +354,65 @@ def _nemo(request: dict) -> dict:
     return out
 
 
+def _nemo_step(model, request: dict) -> dict:
+    """NeMo's own training update on a fabricated micro-batch, dropout off and BatchNorm at
+    its statistics (as asrkit fine-tunes): encoder, predictor and the joint as the model's
+    config sets it (with `fuse_loss_wer`: sub-batches of `fused_batch_size`, each joined and
+    scored by the model's loss), AdamW. `request["loss"]`: "nemo" (its numba loss on the
+    CPU: the memory figure) or "vectorised" (the PyTorch loss of make_nemo_fixtures.py in
+    its place: the time figure)."""
+    import torch
+
+    out = {"RSS after loading MiB": _rss_mib()}
+    if request.get("loss") == "vectorised":
+        sys.path.insert(0, str(HERE))
+        from make_nemo_fixtures import rnnt_loss
+
+        class Vectorised(torch.nn.Module):
+            reduction = None
+
+            def forward(self, acts, labels, act_lens, label_lens):
+                return rnnt_loss(acts, labels, act_lens, label_lens)
+
+        model.loss._loss = Vectorised()
+    model.train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout | torch.nn.BatchNorm1d):
+            module.eval()
+    batch_size, frames, labels = _shape(request)
+    vocab = model.tokenizer.vocab_size
+    generator = torch.Generator().manual_seed(0)
+    feats = torch.randn(batch_size, model.cfg.preprocessor.features, frames,
+                        generator=generator)  # fmt: skip
+    feat_lengths = torch.full([batch_size], frames)
+    targets = torch.randint(0, vocab, (batch_size, labels), generator=generator)
+    target_lengths = torch.full([batch_size], labels)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def update():
+        optimizer.zero_grad()
+        encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
+        predicted, _, _ = model.decoder(targets=targets, target_length=target_lengths)
+        if model.joint.fuse_loss_wer:
+            loss, _, _, _ = model.joint(
+                encoder_outputs=encoded, decoder_outputs=predicted,
+                encoder_lengths=encoded_lengths, transcripts=targets,
+                transcript_lengths=target_lengths, compute_wer=False,
+            )  # fmt: skip
+        else:
+            joint = model.joint(encoder_outputs=encoded, decoder_outputs=predicted)
+            loss = model.loss(log_probs=joint, targets=targets, input_lengths=encoded_lengths,
+                              target_lengths=target_lengths)  # fmt: skip
+        loss.mean().backward()
+        optimizer.step()
+
+    update()  # the warm-up: AdamW's slots
+    out["RSS with the training state MiB"] = _rss_mib()
+    out["update s"] = timed(update, repeats=ROUNDS, warmup=0).median
+    out["peak RSS MiB"] = _peak_rss_mib()
+    return out
+
+
 def _run_nemo(nemo_python: str, request: dict) -> dict:
     import subprocess
 
@@ -295,48 +434,87 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nemo-python", required=True, help="the Python of a venv with NeMo")
     parser.add_argument("--nemo-model", required=True, help="a NeMo Conformer-Transducer .nemo")
-    parser.add_argument("--manifest", required=True, help="asrkit manifest (.jsonl) of audio")
+    parser.add_argument("--manifest", help="asrkit manifest (.jsonl) of audio (not for step)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--utterances", type=int, default=64)
     parser.add_argument("--tasks", nargs="+", default=["decode", "loss", "train"],
-                        choices=["decode", "loss", "train"])  # fmt: skip
+                        choices=["decode", "loss", "train", "step"])  # fmt: skip
+    parser.add_argument("--shapes", default="2x10x40",
+                        help="step: micro-batches, UTTERANCESxSECONDSxLABELS[,...]")  # fmt: skip
     args = parser.parse_args()
     if not os.access(args.nemo_python, os.X_OK):
-        print(f"bench_vs_nemo.py: --nemo-python {args.nemo_python}: not an executable",
-              file=sys.stderr)  # fmt: skip
-        sys.exit(2)
-    for path, what in ((args.nemo_model, "--nemo-model"), (args.manifest, "--manifest")):
-        if not Path(path).is_file():
-            print(f"bench_vs_nemo.py: {what} {path}: no such file", file=sys.stderr)
-            sys.exit(2)
+        _refuse(f"--nemo-python {args.nemo_python}: not an executable")
+    if not Path(args.nemo_model).is_file():
+        _refuse(f"--nemo-model {args.nemo_model}: no such file")
+    if set(args.tasks) - {"step"} and not (args.manifest and Path(args.manifest).is_file()):
+        _refuse(f"--manifest {args.manifest}: no such file (decode, loss and train read it)")
+    shapes = [_parse_shape(text) for text in args.shapes.split(",")]
     base = {
         "nemo_model": str(Path(args.nemo_model).resolve()),
-        "manifest": str(Path(args.manifest).resolve()),
+        "manifest": str(Path(args.manifest).resolve()) if args.manifest else None,
         "utterances": args.utterances,
     }
-    print(f"{args.nemo_model} on {args.manifest} (first {args.utterances} utterances); "
+    print(f"{args.nemo_model} ({args.manifest or 'fabricated micro-batches'}); "
           f"{args.repeats} alternating repeats, median (min-max)", flush=True)  # fmt: skip
     for task in args.tasks:
-        figures = {"asrkit": [], "nemo": []}
-        for _ in range(args.repeats):
-            figures["asrkit"].append(run_child(__file__, {**base, "task": task, "side": "asrkit"}))
-            figures["nemo"].append(_run_nemo(args.nemo_python, {**base, "task": task,
-                                                                 "side": "nemo"}))  # fmt: skip
-        keys = list(dict.fromkeys(k for side in figures.values() for k in side[0]))
-        print(f"{task}:")
-        for key in keys:
-            cells, medians = [], {}
-            for side in ("asrkit", "nemo"):
-                values = [f[key] for f in figures[side] if key in f]
-                if values:
-                    figure = spread(values)
-                    medians[side] = figure.median
-                    cells.append(f"{side} {figure.format('.4g')}")
-                else:
-                    cells.append(f"{side} -")
-            ratio = medians["asrkit"] / medians["nemo"] if len(medians) == 2 else None
-            shown = f"asrkit/NeMo {ratio:.3f}" if ratio is not None else ""
-            print(f"  {key:36s} " + " | ".join(cells) + f"  {shown}", flush=True)
+        if task == "step":
+            for batch, seconds, labels in shapes:
+                shape = {"batch": batch, "seconds": seconds, "labels": labels}
+                _compare(f"step, {batch} x {seconds:g} s, U = {labels}", args, {
+                    "asrkit": {**base, **shape, "task": task, "side": "asrkit"},
+                    "nemo": {**base, **shape, "task": task, "side": "nemo", "loss": "nemo"},
+                    "nemo, vectorised loss": {**base, **shape, "task": task, "side": "nemo",
+                                              "loss": "vectorised"},
+                })  # fmt: skip
+        else:
+            _compare(f"{task}", args, {
+                "asrkit": {**base, "task": task, "side": "asrkit"},
+                "nemo": {**base, "task": task, "side": "nemo"},
+            })  # fmt: skip
+
+
+def _refuse(message: str) -> None:
+    print(f"bench_vs_nemo.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _parse_shape(text: str) -> tuple[int, float, int]:
+    parts = text.lower().split("x")
+    try:
+        batch, seconds, labels = int(parts[0]), float(parts[1]), int(parts[2])
+    except (ValueError, IndexError):
+        _refuse(f"--shapes: {text!r} is not UTTERANCESxSECONDSxLABELS (e.g. 2x10x40)")
+    if len(parts) != 3 or min(batch, seconds, labels) <= 0:
+        _refuse(f"--shapes: {text!r} is not UTTERANCESxSECONDSxLABELS (e.g. 2x10x40)")
+    return batch, seconds, labels
+
+
+def _compare(title: str, args, requests: dict) -> None:
+    """Runs each side's request `--repeats` times, alternating, and prints every figure per
+    side with the ratio of asrkit's median to each NeMo variant's."""
+    figures = {side: [] for side in requests}
+    for _ in range(args.repeats):
+        for side, request in requests.items():
+            if request["side"] == "asrkit":
+                figures[side].append(run_child(__file__, request))
+            else:
+                figures[side].append(_run_nemo(args.nemo_python, request))
+    keys = list(dict.fromkeys(k for runs in figures.values() for k in runs[0]))
+    print(f"{title}:")
+    for key in keys:
+        cells, medians = [], {}
+        for side, runs in figures.items():
+            values = [f[key] for f in runs if key in f]
+            if values:
+                figure = spread(values)
+                medians[side] = figure.median
+                cells.append(f"{side} {figure.format('.4g')}")
+            else:
+                cells.append(f"{side} -")
+        ratios = [f"asrkit/{side} {medians['asrkit'] / medians[side]:.3f}"
+                  for side in figures if side != "asrkit" and side in medians
+                  and "asrkit" in medians and medians[side]]  # fmt: skip
+        print(f"  {key:36s} " + " | ".join(cells) + "  " + ", ".join(ratios), flush=True)
 
 
 if __name__ == "__main__":
