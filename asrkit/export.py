@@ -177,7 +177,9 @@ def export_model(
 
     out = Path(out)
     archive = keras.export.ExportArchive()
-    archive.track(model)
+    # Not `archive.track(model)`: Keras would save the model's variables twice (as tracked
+    # and again as the endpoints' own), doubling the file. The endpoints' variables are
+    # saved once, with them.
     archive.add_endpoint(
         "serve", transcribe, input_signature=[tf.TensorSpec([None], tf.float32, name="waveform")]
     )
@@ -294,7 +296,9 @@ def export_streaming(
 
     out = Path(out)
     archive = keras.export.ExportArchive()
-    archive.track(model)
+    # Not `archive.track(model)`: Keras would save the model's variables twice (as tracked
+    # and again as the endpoints' own), doubling the file. The endpoints' variables are
+    # saved once, with them.
     archive.add_endpoint("initial_state", initial_state, input_signature=[])
     inputs = [tf.TensorSpec([None], tf.float32, name="samples"), *specs]
     archive.add_endpoint("stream_step", stream_step, input_signature=inputs)

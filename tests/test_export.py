@@ -163,6 +163,9 @@ def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp
     write_timing(exp, {"emission_delay_seconds": delay})
     out = export_model(exp, tmp_path / "saved")
     assert json.loads((out / "asrkit_export.json").read_text())["sample_rate"] == 16000
+    saved = tf.train.list_variables(str(out / "variables" / "variables"))
+    values = sum(int(np.prod(shape)) for name, shape in saved if "VARIABLE_VALUE" in name)
+    assert values == load_experiment(exp).network.count_params()  # every weight once
     paths = [u.audio_path for u in utts]
     served = subprocess.run(
         [sys.executable, "-c", SERVE_WITHOUT_ASRKIT, str(out), *paths],
