@@ -356,7 +356,10 @@ def named_parts(network, heads=None) -> dict[str, keras.Variable]:
 
 def _write(directory: Path, network, state: TrainState, optimizer, heads=None) -> None:
     named = named_parts(network, heads)
-    weights = {name: var.value for name, var in named.items()}
+    # The Keras variables themselves, not their `.value`: the optimizer tracks the same
+    # objects, so each weight is written once (a `.value` is another object to TensorFlow,
+    # which then writes every weight a second time under the optimizer).
+    weights = dict(named)
     checkpoint = (
         tf.train.Checkpoint(weights=weights)
         if optimizer is None
@@ -462,8 +465,9 @@ def restore(
                 "cannot be matched. Start a new experiment with --init-from to keep the weights "
                 "with a fresh optimizer."
             )
-        weights = {k: v.value for k, v in named.items()}
-        status = tf.train.Checkpoint(weights=weights, optimizer=optimizer).read(str(path / "ckpt"))
+        status = tf.train.Checkpoint(weights=dict(named), optimizer=optimizer).read(
+            str(path / "ckpt")
+        )
         status.assert_existing_objects_matched()
     else:
         for key, var in named.items():

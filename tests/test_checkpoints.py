@@ -303,6 +303,19 @@ def _with_optimizer():
     return network, optimizer
 
 
+def test_a_checkpoint_holds_each_weight_and_slot_once(tmp_path):
+    """The weights once (the optimizer tracks the same variables) and the optimizer's own
+    variables: nothing written twice."""
+    network, optimizer = _with_optimizer()
+    path = CheckpointManager(tmp_path, keep=1).save(network, TrainState(0, 0, 1), optimizer)
+    saved = tf.train.list_variables(str(path / "ckpt"))
+    values = sum(int(np.prod(shape)) for name, shape in saved if "VARIABLE_VALUE" in name)
+    slots = sum(int(np.prod(v.shape)) for v in optimizer.variables)
+    weights = sum(int(np.prod(v.shape)) for v in named_variables(network).values())
+    assert values == weights + slots
+    assert set(read_weights(path)) == set(named_variables(network))  # under weights/
+
+
 def test_resume_restores_the_optimizer_and_refuses_unmatched_slots(tmp_path):
     network, optimizer = _with_optimizer()
     for slot in optimizer.variables:
