@@ -329,12 +329,14 @@ class AccumulatingModel(keras.Model):
         # return their output buffer unwritten: finite garbage that no finiteness check
         # catches. An empty share contributes exactly nothing, whatever the kernels did: its
         # terms are selected away (not multiplied by 0: the garbage may be inf or NaN).
+        # Against a scalar 0, not `zeros_like(grad)`: Grappler folds that into a constant of
+        # the gradient's shape, and the graph would hold a weights-sized set of zeros.
         present = share_is_present(data)
         for acc, grad in zip(engine.grads, grads, strict=True):
             if grad is not None:
                 grad = tf.cast(tf.convert_to_tensor(grad), tf.float32)
                 grad = grad if factor is None else grad / factor
-                acc.assign_add(tf.where(present, grad, tf.zeros_like(grad)))
+                acc.assign_add(tf.where(present, grad, 0.0))
         engine.loss_sum.assign_add(tf.where(present, loss_sum, 0.0))
         engine.count.assign_add(tf.where(present, count, 0.0))
 
@@ -395,6 +397,8 @@ class AccumulatingModel(keras.Model):
                 engine.growth.assign(tf.where(overflow, tf.constant(0, tf.int64), engine.growth))
 
     def _clear_accumulators(self):
+        # Grappler folds these zeros into constants the accumulators then share (cheaper
+        # than computing 0 x acc, which needs a second weights-sized set at once).
         for acc in self._engine.grads:
             acc.assign(tf.zeros_like(acc))
 
