@@ -35,7 +35,10 @@ Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, N
   TransducerTask with the imported loss settings. Per side: RSS after loading, RSS with
   the training state (after NeMo's first update: its AdamW slots exist only from then),
   the time per update, the process peak; for asrkit also the allocator's bytes before the
-  step and its exact peak during it (what a GPU would hold).
+  step and its exact peak during it (what a GPU would hold). asrkit runs twice: in the
+  measuring environment (oneDNN off: exact allocator peaks) and as its commands run
+  (`AS_COMMANDS_RUN`, oneDNN on: the time users get; oneDNN's scratch is then outside the
+  allocator's figures).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from harness import child_request, reply, run_child, spread, timed  # noqa: E402
+from harness import AS_COMMANDS_RUN, child_request, reply, run_child, spread, timed  # noqa: E402
 
 LOSS_SHAPES = ((4, 100, 20, 65), (8, 150, 30, 65), (2, 200, 40, 129))  # B, T, U, V (blank incl.)
 TRAIN_BATCH = 16
@@ -462,6 +465,8 @@ def main() -> None:
                 shape = {"batch": batch, "seconds": seconds, "labels": labels}
                 _compare(f"step, {batch} x {seconds:g} s, U = {labels}", args, {
                     "asrkit": {**base, **shape, "task": task, "side": "asrkit"},
+                    "asrkit, oneDNN": {**base, **shape, "task": task, "side": "asrkit",
+                                       "env": AS_COMMANDS_RUN},
                     "nemo": {**base, **shape, "task": task, "side": "nemo", "loss": "nemo"},
                     "nemo, vectorised loss": {**base, **shape, "task": task, "side": "nemo",
                                               "loss": "vectorised"},
@@ -496,7 +501,7 @@ def _compare(title: str, args, requests: dict) -> None:
     for _ in range(args.repeats):
         for side, request in requests.items():
             if request["side"] == "asrkit":
-                figures[side].append(run_child(__file__, request))
+                figures[side].append(run_child(__file__, request, env=request.get("env")))
             else:
                 figures[side].append(_run_nemo(args.nemo_python, request))
     keys = list(dict.fromkeys(k for runs in figures.values() for k in runs[0]))
@@ -511,9 +516,10 @@ def _compare(title: str, args, requests: dict) -> None:
                 cells.append(f"{side} {figure.format('.4g')}")
             else:
                 cells.append(f"{side} -")
-        ratios = [f"asrkit/{side} {medians['asrkit'] / medians[side]:.3f}"
-                  for side in figures if side != "asrkit" and side in medians
-                  and "asrkit" in medians and medians[side]]  # fmt: skip
+        ratios = [f"{mine}/{side} {medians[mine] / medians[side]:.3f}"
+                  for mine in figures if mine.startswith("asrkit") and mine in medians
+                  for side in figures if side.startswith("nemo") and side in medians
+                  and medians[side]]  # fmt: skip
         print(f"  {key:36s} " + " | ".join(cells) + "  " + ", ".join(ratios), flush=True)
 
 

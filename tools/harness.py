@@ -26,15 +26,19 @@ CHILD_ENV = {
     "TF_ENABLE_ONEDNN_OPTS": "0",
     "MALLOC_ARENA_MAX": "1",
 }
+# How the asrkit commands run TensorFlow: the BFC allocator on, oneDNN's kernels on (its
+# default). For times; exact tensor peaks come from CHILD_ENV.
+AS_COMMANDS_RUN = {"TF_ENABLE_ONEDNN_OPTS": "1"}
 _FLAG = "--child-request"
 
 
-def run_child(script: str, request: dict, timeout: float | None = None):
+def run_child(script: str, request: dict, timeout: float | None = None, env: dict | None = None):
     """Runs `script` in a fresh process with `request`; returns what the child passed to
-    `reply` (a RuntimeError with the child's last stderr lines if it failed)."""
+    `reply` (a RuntimeError with the child's last stderr lines if it failed). `env`: changes
+    to the measuring environment (e.g. oneDNN on, as the commands run)."""
     proc = subprocess.run(
-        [sys.executable, script, _FLAG, json.dumps(request)],
-        capture_output=True, text=True, env=dict(os.environ, **CHILD_ENV), timeout=timeout,
+        [sys.executable, script, _FLAG, json.dumps(request)], capture_output=True, text=True,
+        env=dict(os.environ, **CHILD_ENV, **(env or {})), timeout=timeout,
     )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"{script} child failed:\n{proc.stderr[-3000:]}")
