@@ -3,6 +3,8 @@
 A `.nemo` file is a tar archive (gzip-compressed or not) holding `model_config.yaml`,
 `model_weights.ckpt` (a PyTorch checkpoint, read by `asrkit.importers.torch_checkpoint`)
 and the files the config names as `nemo:<member>` (the SentencePiece model, vocabularies).
+From a plain tar (what NeMo writes) the checkpoint is read in place, one tensor at a time;
+from a compressed one it is read whole first.
 Only regular members with plain relative names are accepted: an absolute name, a `..`
 part, a link or a device anywhere in the archive refuses it whole, naming the member.
 """
@@ -19,7 +21,10 @@ import yaml
 
 from asrkit.config import yaml_problem
 from asrkit.errors import InputError
-from asrkit.importers.torch_checkpoint import read_torch_checkpoint_bytes
+from asrkit.importers.torch_checkpoint import (
+    read_torch_checkpoint_bytes,
+    read_torch_checkpoint_file,
+)
 
 CONFIG_MEMBER = "model_config.yaml"
 WEIGHTS_MEMBER = "model_weights.ckpt"
@@ -51,7 +56,7 @@ def read_nemo(path: str | os.PathLike) -> NemoArchive:
         raise NemoArchiveError(f"{path}: no such .nemo file")
     try:
         with tarfile.open(path, "r:*") as archive:
-            members = _read_members(archive, path)
+            members, weights = _read_members(archive, path, _uncompressed(path))
     except tarfile.ReadError:
         raise NemoArchiveError(
             f"{path}: not a .nemo archive (a .nemo file is a tar archive; this is none, or a "
@@ -61,7 +66,7 @@ def read_nemo(path: str | os.PathLike) -> NemoArchive:
         reason = " ".join(str(err).split())
         raise NemoArchiveError(f"{path}: not a readable .nemo archive ({reason})") from None
     for required in (CONFIG_MEMBER, WEIGHTS_MEMBER):
-        if required not in members:
+        if required not in members and not (required == WEIGHTS_MEMBER and weights is not None):
             raise NemoArchiveError(f"{path}: no {required} in the archive (not a NeMo model?)")
     try:
         config = yaml.safe_load(members.pop(CONFIG_MEMBER).decode("utf-8"))
@@ -71,12 +76,27 @@ def read_nemo(path: str | os.PathLike) -> NemoArchive:
         raise NemoArchiveError(f"{path}: {CONFIG_MEMBER} is not UTF-8 text ({err})") from None
     if not isinstance(config, dict):
         raise NemoArchiveError(f"{path}: {CONFIG_MEMBER} is not a mapping")
-    weights = read_torch_checkpoint_bytes(members.pop(WEIGHTS_MEMBER), f"{path}:{WEIGHTS_MEMBER}")
+    if weights is None:
+        weights = read_torch_checkpoint_bytes(
+            members.pop(WEIGHTS_MEMBER), f"{path}:{WEIGHTS_MEMBER}"
+        )
     return NemoArchive(path, config, weights, members)
 
 
-def _read_members(archive: tarfile.TarFile, path: Path) -> dict[str, bytes]:
+def _uncompressed(path: Path) -> bool:
+    """A plain tar (NeMo's `save_to` writes one): its members can be read in place."""
+    with open(path, "rb") as file:
+        magic = file.read(6)
+    return not magic.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ"))
+
+
+def _read_members(
+    archive: tarfile.TarFile, path: Path, in_place: bool
+) -> tuple[dict[str, bytes], dict | None]:
+    """The members' bytes and, from a plain tar, the weights read tensor by tensor in place
+    (a 0.6 B model's 2.4 GB checkpoint is never held as bytes beside its tensors)."""
     members: dict[str, bytes] = {}
+    weights = None
     for info in archive.getmembers():
         name = PurePosixPath(info.name)
         if info.isdir() and not name.is_absolute() and ".." not in name.parts:
@@ -90,8 +110,11 @@ def _read_members(archive: tarfile.TarFile, path: Path) -> dict[str, bytes]:
         data = archive.extractfile(info)
         if data is None:
             raise NemoArchiveError(f"{path}: member {info.name!r} cannot be read")
+        if in_place and str(name) == WEIGHTS_MEMBER:
+            weights = read_torch_checkpoint_file(data, f"{path}:{WEIGHTS_MEMBER}")
+            continue
         body = data.read()
         if len(body) != info.size:
             raise NemoArchiveError(f"{path}: member {info.name!r} is truncated")
         members[str(name)] = body
-    return members
+    return members, weights

@@ -84,6 +84,17 @@ def read_torch_checkpoint_bytes(data: bytes, name: str) -> dict[str, np.ndarray]
         return _read(archive, Path(name))
 
 
+def read_torch_checkpoint_file(file, name: str) -> dict[str, np.ndarray]:
+    """The same from a seekable binary file object (a member of a plain tar, read in place:
+    one tensor's bytes at a time)."""
+    try:
+        archive = zipfile.ZipFile(file)
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        raise CheckpointFormatError(f"{name}: not a PyTorch checkpoint ({err})") from None
+    with archive:
+        return _read(archive, Path(name))
+
+
 def _read(archive: zipfile.ZipFile, path: Path) -> dict[str, np.ndarray]:
     names = archive.namelist()
     pickles = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]

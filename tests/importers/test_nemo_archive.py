@@ -62,8 +62,9 @@ def test_unsafe_members_refuse_the_archive_whole(tmp_path, member, kind):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.nemo"]  # nothing extracted
 
 
-def test_damaged_and_incomplete_archives_are_named(tmp_path):
-    data = _good(tmp_path).read_bytes()
+@pytest.mark.parametrize("mode", ["w:gz", "w"])  # a plain tar's weights are read in place
+def test_damaged_and_incomplete_archives_are_named(tmp_path, mode):
+    data = _good(tmp_path, mode).read_bytes()
     truncated = tmp_path / "truncated.nemo"
     truncated.write_bytes(data[: len(data) // 2])
     with pytest.raises(NemoArchiveError, match=r"truncated\.nemo"):
