@@ -105,6 +105,28 @@ def test_search_finds_the_largest_fitting_size_of_a_growing_curve(seed):
     assert len(points) <= 8
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_guess_finds_the_same_size_and_a_right_one_costs_two_measurements(seed):
+    """The previous bucket's line guesses where to start; whatever the guess, the answer is
+    the brute-force largest, and a right guess needs only itself and the next size."""
+    rng = np.random.default_rng(seed)
+    fixed, slope = rng.uniform(1e6, 1e8), rng.uniform(1e5, 1e7)
+    limit = int(rng.integers(3, 400))
+    usable = int(rng.uniform(fixed + slope, fixed + slope * limit * 1.3))
+
+    def f(n):
+        return fixed + slope * n + (n // 7) * 1e4
+
+    expected = brute_force(f, usable, limit)
+    for guess in {2, limit, int(rng.integers(2, limit + 1)), expected, expected + 1}:
+        size, points = largest_fitting(f, usable, limit, guess=guess)
+        assert size == expected, guess
+        if size < limit:
+            assert size + 1 in points
+    if 1 < expected < limit:
+        assert len(largest_fitting(f, usable, limit, guess=expected)[1]) == 2
+
+
 def test_out_of_memory_counts_as_not_fitting_and_bumps_never_break_the_bracket():
     def oom_beyond_12(n):
         return None if n > 12 else 100 * n
