@@ -226,6 +226,8 @@ def _asrkit_step(exp: Path, request: dict) -> dict:
     data = tf.data.Dataset.from_tensors(batch)
     task.fit(data, verbose=0)  # the warm-up: tracing
     out["allocator step peak MiB"] = allocator_peak(lambda: task.fit(data, verbose=0)) / 2**20
+    # the training state and the step's tensors together: what a GPU would hold
+    out["tensor peak MiB"] = out["allocator before the step MiB"] + out["allocator step peak MiB"]
     out["update s"] = timed(lambda: task.fit(data, verbose=0), repeats=ROUNDS, warmup=0).median
     out["peak RSS MiB"] = _peak_rss_mib()
     return out
@@ -413,7 +415,27 @@ def _nemo_step(model, request: dict) -> dict:
     out["RSS with the training state MiB"] = _rss_mib()
     out["update s"] = timed(update, repeats=ROUNDS, warmup=0).median
     out["peak RSS MiB"] = _peak_rss_mib()
+    out["tensor peak MiB"] = _torch_tensor_peak(update) / 2**20
     return out
+
+
+def _torch_tensor_peak(update) -> float:
+    """Bytes of PyTorch's tensors at their peak during one more update (parameters,
+    gradients, optimizer state, activations, temporaries), from the profiler's memory
+    timeline: the figure comparable to TensorFlow's allocator peak."""
+    import gzip
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as prof:  # fmt: skip
+        update()
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "timeline.json.gz"
+        prof.export_memory_timeline(str(path), device="cpu")
+        with gzip.open(path, "rt") as file:
+            _, sizes = json.load(file)
+    return float(max(sum(row) for row in sizes))
 
 
 def _run_nemo(nemo_python: str, request: dict) -> dict:

@@ -38,7 +38,7 @@ def run_child(script: str, request: dict, timeout: float | None = None, env: dic
     to the measuring environment (e.g. oneDNN on, as the commands run)."""
     proc = subprocess.run(
         [sys.executable, script, _FLAG, json.dumps(request)], capture_output=True, text=True,
-        env=dict(os.environ, **CHILD_ENV, **(env or {})), timeout=timeout,
+        env={**os.environ, **CHILD_ENV, **(env or {})}, timeout=timeout,
     )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"{script} child failed:\n{proc.stderr[-3000:]}")
