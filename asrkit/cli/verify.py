@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     line = (
         f"{verdict}: {report.steps} micro-batches (sizes {report.micro_batch_sizes}) vs their "
         f"union, precision {config.train.precision}: max relative weight difference "
-        f"{report.max_relative_difference:.2e} (tolerance {report.tolerance:.0e}), relative "
+        f"{report.max_relative_difference:.2e} (tolerance {report.tolerance:g}), relative "
         f"norm of the difference {report.norm_relative_difference:.2e}"
     )
     print(line)
