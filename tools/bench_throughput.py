@@ -126,7 +126,9 @@ def _gemm_peak(size: int, dtype: str, repeats: int):
 
     a = tf.random.normal([size, size], dtype=tf.float32)
     a, b = tf.cast(a, dtype), tf.cast(tf.transpose(a), dtype)
-    product = tf.function(lambda: tf.reduce_sum(tf.cast(tf.matmul(a, b)[:1, :1], tf.float32)))
+    product = tf.function(
+        lambda: tf.reduce_sum(tf.cast(tf.matmul(a, b)[:1, :1], tf.float32)), autograph=False
+    )
     spent = timed(lambda: float(product()), repeats=repeats)
     return spent, 2 * size**3
 
@@ -199,7 +201,7 @@ def _measure(name, precision, jit, args, peaks) -> None:
             loss_sum, _ = task.compute_loss_terms(data, training=True)
         return tape.gradient(loss_sum, task.trainable_variables)
 
-    encoder_fn = tf.function(encoder_pass, jit_compile=jit)
+    encoder_fn = tf.function(encoder_pass, jit_compile=jit, autograph=False)
     encoder_flops = executed_flops(encoder_pass, *batch[:2])
     step_flops = executed_flops(step_pass, batch)
     dataset = tf.data.Dataset.from_tensors(batch)

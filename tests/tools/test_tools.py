@@ -197,7 +197,7 @@ def test_executed_flops_counts_products_and_convolutions_forward_and_backward(mo
     depthwise = tf.Variable(tf.random.normal([1, kernel, width, 1]))
     square = tf.Variable(tf.random.normal([width, width]))
 
-    @tf.function
+    @tf.function(autograph=False)
     def inner(x):  # a nested function: its graph is called, not inlined
         return tf.einsum("btd,de->bte", x, dense)
 
