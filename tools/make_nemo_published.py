@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -98,13 +99,18 @@ def _shape(name: str) -> dict:
 SHAPES = ("fastconformer_rnnt_114m", "parakeet_rnnt_0.6b", "parakeet_tdt_0.6b")
 
 
+def _refuse(message: str) -> None:
+    print(f"make_nemo_published.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _tokenizer(text: Path, vocab: int, directory: Path) -> Path:
     import sentencepiece
 
     lines = [line.strip() for line in text.read_text(encoding="utf-8").splitlines()]
     lines = [line for line in lines if line]
     if not lines:
-        raise SystemExit(f"error: {text} has no transcripts (one per line)")
+        _refuse(f"{text} has no transcripts (one per line)")
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(lines), model_prefix=str(directory / "tokenizer"),
         vocab_size=vocab, model_type="bpe", character_coverage=1.0, unk_id=0, bos_id=-1,
@@ -126,7 +132,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="the .nemo file to write")
     args = parser.parse_args()
     if args.out.exists():
-        raise SystemExit(f"error: {args.out} exists; remove it or name another --out")
+        _refuse(f"{args.out} exists; remove it or name another --out")
+    if not args.text.is_file():
+        _refuse(f"--text {args.text}: no such file")
 
     import torch
     from nemo.collections.asr.models import EncDecRNNTBPEModel
