@@ -466,7 +466,8 @@ def main() -> None:
           f"{args.repeats} alternating repeats, median (min-max)", flush=True)  # fmt: skip
     for task in args.tasks:
         if task == "step":
-            base["exp"] = _imported(args.nemo_model)
+            scratch = tempfile.TemporaryDirectory()  # the imported experiment: removed after
+            base["exp"] = _imported(args.nemo_model, Path(scratch.name) / "exp")
             for batch, seconds, labels in shapes:
                 shape = {"batch": batch, "seconds": seconds, "labels": labels}
                 _compare(f"step, {batch} x {seconds:g} s, U = {labels}", args, {
@@ -477,6 +478,7 @@ def main() -> None:
                     "nemo, vectorised loss": {**base, **shape, "task": task, "side": "nemo",
                                               "loss": "vectorised"},
                 })  # fmt: skip
+            scratch.cleanup()
         else:
             _compare(f"{task}", args, {
                 "asrkit": {**base, "task": task, "side": "asrkit"},
@@ -484,11 +486,10 @@ def main() -> None:
             })  # fmt: skip
 
 
-def _imported(nemo_model: str) -> str:
-    """`asrkit import nemo` in its own process; the experiment's directory."""
+def _imported(nemo_model: str, exp: Path) -> str:
+    """`asrkit import nemo` into `exp`, in its own process; the experiment's directory."""
     import subprocess
 
-    exp = Path(tempfile.mkdtemp()) / "exp"
     subprocess.run([sys.executable, "-m", "asrkit.cli.main", "import", "nemo", nemo_model,
                     "--exp-dir", str(exp)], check=True, capture_output=True)  # fmt: skip
     return str(exp)
