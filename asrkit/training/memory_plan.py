@@ -102,7 +102,6 @@ def largest_fitting(
     guess = None if guess is None else min(guess, limit)
     if guess is not None and guess > 1:
         if fits(guess):
-            low = guess
             if guess == limit or not fits(guess + 1):
                 return guess, points
             low = guess + 1
