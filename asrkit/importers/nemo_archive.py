@@ -65,8 +65,9 @@ def read_nemo(path: str | os.PathLike) -> NemoArchive:
     except (tarfile.TarError, EOFError, OSError) as err:
         reason = " ".join(str(err).split())
         raise NemoArchiveError(f"{path}: not a readable .nemo archive ({reason})") from None
-    for required in (CONFIG_MEMBER, WEIGHTS_MEMBER):
-        if required not in members and not (required == WEIGHTS_MEMBER and weights is not None):
+    for required, present in ((CONFIG_MEMBER, CONFIG_MEMBER in members),
+                              (WEIGHTS_MEMBER, weights is not None)):  # fmt: skip
+        if not present:
             raise NemoArchiveError(f"{path}: no {required} in the archive (not a NeMo model?)")
     try:
         config = yaml.safe_load(members.pop(CONFIG_MEMBER).decode("utf-8"))
@@ -76,10 +77,6 @@ def read_nemo(path: str | os.PathLike) -> NemoArchive:
         raise NemoArchiveError(f"{path}: {CONFIG_MEMBER} is not UTF-8 text ({err})") from None
     if not isinstance(config, dict):
         raise NemoArchiveError(f"{path}: {CONFIG_MEMBER} is not a mapping")
-    if weights is None:
-        weights = read_torch_checkpoint_bytes(
-            members.pop(WEIGHTS_MEMBER), f"{path}:{WEIGHTS_MEMBER}"
-        )
     return NemoArchive(path, config, weights, members)
 
 
@@ -93,8 +90,9 @@ def _uncompressed(path: Path) -> bool:
 def _read_members(
     archive: tarfile.TarFile, path: Path, in_place: bool
 ) -> tuple[dict[str, bytes], dict | None]:
-    """The members' bytes and, from a plain tar, the weights read tensor by tensor in place
-    (a 0.6 B model's 2.4 GB checkpoint is never held as bytes beside its tensors)."""
+    """The members' bytes, and the weights' tensors (None if absent): from a plain tar read
+    tensor by tensor in place (a 0.6 B model's 2.4 GB checkpoint is never held as bytes
+    beside its tensors), from a compressed one read whole first."""
     members: dict[str, bytes] = {}
     weights = None
     for info in archive.getmembers():
@@ -116,5 +114,8 @@ def _read_members(
         body = data.read()
         if len(body) != info.size:
             raise NemoArchiveError(f"{path}: member {info.name!r} is truncated")
+        if str(name) == WEIGHTS_MEMBER:
+            weights = read_torch_checkpoint_bytes(body, f"{path}:{WEIGHTS_MEMBER}")
+            continue
         members[str(name)] = body
     return members, weights
