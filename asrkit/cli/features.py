@@ -30,6 +30,11 @@ def register(subparsers) -> None:
     )  # fmt: skip
     extract.add_argument("--join-share", type=float, default=0.5, metavar="P",
                          help="the share of utterances that start a joined one (0.5)")  # fmt: skip
+    extract.add_argument(
+        "--join-pause", type=float, default=0.0, metavar="S",
+        help="a pause of faint noise of up to S seconds before each joined part (as in a long "
+             "recording; 0: back to back)",
+    )  # fmt: skip
     extract.add_argument("--join-seed", type=int, default=0)
     add_config_arguments(extract)
     extract.set_defaults(func=run_extract)
@@ -62,7 +67,7 @@ def run_extract(args: argparse.Namespace) -> int:
     from asrkit.tokenizer import Tokenizer
 
     try:
-        join = JoinSettings(args.join_seconds, args.join_share, args.join_seed)
+        join = JoinSettings(args.join_seconds, args.join_share, args.join_seed, args.join_pause)
     except ValueError as error:
         raise InputError(str(error)) from None
 

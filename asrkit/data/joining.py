@@ -10,10 +10,18 @@ utterance starts a joined group with probability `share` (a seeded draw per utte
 which then takes the speaker's following utterances while the group stays within
 `max_seconds`. Every utterance lands in exactly one item, alone or in one group, so an
 epoch still holds each transcript once.
+
+With `pause_seconds`, the parts of a group are separated as in a long recording: before
+each following part a pause of faint noise, its length drawn uniformly from 0 to
+`pause_seconds` (one seeded draw per utterance) and counted in the group's length, its
+level drawn per group between -100 and -60 dB of full scale. A model that has heard only
+sentences joined back to back may take a pause for the end of the speech.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,13 +34,21 @@ class JoinSettings:
     max_seconds: float = 0.0  # 0: no joining
     share: float = 0.5  # of the utterances, the share that starts a joined group
     seed: int = 0
+    pause_seconds: float = 0.0  # the longest pause between joined parts (0: back to back)
 
     def __post_init__(self):
-        if self.max_seconds < 0 or not 0 <= self.share <= 1:
+        if self.max_seconds < 0 or not 0 <= self.share <= 1 or self.pause_seconds < 0:
             raise ValueError(
-                "--join-seconds must be >= 0 and --join-share in [0, 1], got "
-                f"{self.max_seconds} and {self.share}"
+                "--join-seconds and --join-pause must be >= 0 and --join-share in [0, 1], "
+                f"got {self.max_seconds}, {self.pause_seconds} and {self.share}"
             )
+
+    def fingerprint(self) -> dict:
+        """What the shards record; without pauses, as before pauses existed."""
+        settings = dataclasses.asdict(self)
+        if not self.pause_seconds:
+            del settings["pause_seconds"]
+        return settings
 
     @property
     def enabled(self) -> bool:
@@ -41,9 +57,11 @@ class JoinSettings:
 
 @dataclass(frozen=True)
 class JoinedUtterance:
-    """Utterances of one speaker, back to back: read and featurised as one."""
+    """Utterances of one speaker, back to back or with a pause before each following part
+    (`pauses`: seconds, one per part after the first, or empty): read and featurised as one."""
 
     parts: tuple[Utterance, ...]
+    pauses: tuple[float, ...] = ()
 
     @property
     def id(self) -> str:
@@ -55,7 +73,20 @@ class JoinedUtterance:
 
     @property
     def duration(self) -> float:
-        return sum(u.duration for u in self.parts)
+        return sum(u.duration for u in self.parts) + sum(self.pauses)
+
+    def audio(self, pieces: list[np.ndarray], sample_rate: int) -> np.ndarray:
+        """The parts' audio (`pieces`, in order) joined with the pauses: faint white noise at
+        one level per group, drawn from the group's id (the same every time it is read)."""
+        if not self.pauses:
+            return np.concatenate(pieces)
+        rng = np.random.default_rng(zlib.crc32(self.id.encode()))
+        level = 10 ** rng.uniform(-5, -3)
+        joined = [pieces[0]]
+        for pause, piece in zip(self.pauses, pieces[1:], strict=True):
+            noise = level * rng.standard_normal(round(pause * sample_rate))
+            joined += [noise.astype(piece.dtype), piece]
+        return np.concatenate(joined)
 
     @property
     def speaker(self) -> str:
@@ -70,6 +101,8 @@ def join_consecutive(
     if not settings.enabled:
         return list(utterances)
     draws = np.random.default_rng(settings.seed).random(len(utterances))
+    gaps = np.random.default_rng([settings.seed, 1]).uniform(0, 1, len(utterances))
+    gaps = np.round(gaps * settings.pause_seconds, 3)  # before utterance j, if it follows
     items: list[Utterance | JoinedUtterance] = []
     i = 0
     while i < len(utterances):
@@ -80,11 +113,19 @@ def join_consecutive(
             while (
                 j < len(utterances)
                 and utterances[j].speaker == group[0].speaker
-                and total + utterances[j].duration <= settings.max_seconds
+                and total + gaps[j] + utterances[j].duration <= settings.max_seconds
             ):
-                total += utterances[j].duration
+                total += gaps[j] + utterances[j].duration
                 group.append(utterances[j])
                 j += 1
-        items.append(group[0] if len(group) == 1 else JoinedUtterance(tuple(group)))
+        if len(group) == 1:
+            items.append(group[0])
+        else:
+            pauses = (
+                tuple(float(g) for g in gaps[i + 1 : i + len(group)])
+                if settings.pause_seconds
+                else ()
+            )
+            items.append(JoinedUtterance(tuple(group), pauses))
         i += len(group)
     return items

@@ -105,7 +105,7 @@ def write_shards(
     out_dir = Path(out_dir)
     fingerprint = shard_fingerprint(config, tokenizer, speeds)
     if join.enabled:  # absent when off: earlier shards keep their fingerprint
-        fingerprint["join"] = dataclasses.asdict(join)
+        fingerprint["join"] = join.fingerprint()
     _refuse_other_settings(out_dir, fingerprint)
     listed = read_manifest(manifest)
     refuse_unknown_characters(listed, tokenizer, manifest, warn=allow_unknown)
@@ -308,6 +308,7 @@ def _features(
     utt: Utterance | JoinedUtterance, speed: float, config: FeatureConfig
 ) -> tuple[np.ndarray, float]:
     parts = utt.parts if isinstance(utt, JoinedUtterance) else (utt,)
-    audio = np.concatenate([read_utterance(u, config.sample_rate) for u in parts])
+    pieces = [read_utterance(u, config.sample_rate) for u in parts]
+    audio = utt.audio(pieces, config.sample_rate) if len(parts) > 1 else pieces[0]
     samples = perturb_speed(audio, speed)
     return log_mel(samples, config).numpy(), len(samples) / config.sample_rate

@@ -89,10 +89,11 @@ prepare() {
 }
 features() {
   # A third of the utterances start a run of the chapter's next ones joined up to 30 s (no
-  # longer than LibriSpeech's own longest), so the model goes on past a sentence end.
+  # longer than LibriSpeech's own longest) with pauses of up to 1 s, so the model goes on
+  # past a sentence end and across a pause.
   "$asrkit" features extract --manifest data/train.jsonl --tokenizer tokenizer \
     --out shards/train --shards "$train_shards" --speeds "$speeds" --workers "$(nproc)" \
-    --join-seconds 30 --join-share 0.3 --config "$config" "${sets[@]}"
+    --join-seconds 30 --join-share 0.3 --join-pause 1 --config "$config" "${sets[@]}"
   local part
   for part in "${scored[@]}"; do
     "$asrkit" features extract --manifest "data/$part.jsonl" --tokenizer tokenizer \

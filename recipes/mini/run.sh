@@ -9,7 +9,7 @@
 #   1  prepare LibriSpeech-style manifests
 #   2  train a SentencePiece tokenizer
 #   3  extract features to TFRecord shards (+ global mean/variance statistics); half the
-#      training utterances joined with the speaker's next ones up to 12 s
+#      training utterances joined with the speaker's next ones up to 12 s, pauses between
 #   4  train
 #   5  decode test-clean (voices never heard in training) with the average of the last two
 #      checkpoints: beam search (4) and greedy, and score both
@@ -49,9 +49,10 @@ install_voices() {
 features() {
   for part in train-clean-100 dev-clean test-clean; do
     # training: half the utterances start a run of the speaker's next ones joined up to
-    # 12 s, so the model learns to go on past a sentence end (long recordings)
+    # 12 s with pauses of up to 1 s, so the model learns to go on past a sentence end and
+    # across a pause (long recordings)
     local join=(--allow-unknown)  # dev and test are only scored
-    [[ $part == train-* ]] && join=(--join-seconds 12 --join-share 0.5)
+    [[ $part == train-* ]] && join=(--join-seconds 12 --join-share 0.5 --join-pause 1)
     "$asrkit" features extract --manifest "data/$part.jsonl" --tokenizer tokenizer \
       --out "shards/${part%%-*}" --shards 8 --config "$config" "${join[@]}" "${sets[@]}"
   done
