@@ -54,6 +54,17 @@ OUTPUTS = {
 }
 
 
+# Each output of a signature, with what fills a row past its count in serve_batch (its dtype
+# is the output's); the scalars have one value per row.
+PADDING = {
+    "text": "", "tokens": -1, "token_counts": 0, "token_times": 0.0, "token_frames": -1,
+    "score": 0.0, "words": "", "word_starts": 0.0, "word_ends": 0.0, "word_confidence": 0.0,
+    "word_counts": 0, "token_words": -1, "nbest_texts": "", "nbest_scores": 0.0,
+    "nbest_counts": 0,
+}  # fmt: skip
+SCALAR_OUTPUTS = ("text", "token_counts", "score", "word_counts", "nbest_counts")
+
+
 def export_model(
     exp_dir: str | Path,
     out: str | Path,
@@ -175,6 +186,43 @@ def export_model(
             one[key] = one[key][: one["nbest_counts"]]
         return one
 
+    def transcribe_rows(waveforms, lengths):
+        """Each row as `transcribe` decodes it alone (a long one in windows), one row in
+        memory at a time, padded as `transcribe_batch` pads its outputs."""
+        rows = tf.shape(waveforms)[0]
+        arrays = {
+            key: tf.TensorArray(tf.constant(fill).dtype, size=rows, infer_shape=False)
+            for key, fill in PADDING.items()
+        }
+
+        def row(i, arrays):
+            one = transcribe(waveforms[i, : lengths[i]])
+            return i + 1, {key: arrays[key].write(i, one[key]) for key in arrays}
+
+        _, arrays = tf.while_loop(
+            lambda i, _: i < rows, row, (tf.constant(0), arrays), parallel_iterations=1
+        )
+        padded = {}
+        for key, fill in PADDING.items():
+            if key in SCALAR_OUTPUTS:
+                padded[key] = arrays[key].stack()
+            else:
+                widths = tf.map_fn(lambda i, a=arrays[key]: tf.shape(a.read(i))[0],
+                                   tf.range(rows), fn_output_signature=tf.int32)  # fmt: skip
+                ragged = tf.RaggedTensor.from_row_lengths(arrays[key].concat(), widths)
+                padded[key] = ragged.to_tensor(default_value=fill)
+        return padded
+
+    def serve_batch(waveforms, lengths):
+        """Rows within a window: decoded together; a batch with a longer row: row by row,
+        each as serving_default decodes it (bounded memory, the same result per row)."""
+        longest = tf.reduce_max(tf.concat([tf.cast(lengths, tf.int32), [0]], 0))
+        return tf.cond(
+            longest <= int(windowing.max_seconds * rate),
+            lambda: transcribe_batch(waveforms, lengths),
+            lambda: transcribe_rows(waveforms, tf.cast(lengths, tf.int32)),
+        )
+
     out = Path(out)
     archive = keras.export.ExportArchive()
     # Not `archive.track(model)`: Keras would save the model's variables twice (as tracked
@@ -185,7 +233,7 @@ def export_model(
     )
     archive.add_endpoint(
         "serve_batch",
-        transcribe_batch,
+        serve_batch,
         input_signature=[
             tf.TensorSpec([None, None], tf.float32, name="waveforms"),
             tf.TensorSpec([None], tf.int32, name="lengths"),
@@ -197,7 +245,8 @@ def export_model(
         "sample_rate": features.sample_rate,
         "signatures": {
             "serving_default": "waveform: mono float32 [S] in [-1, 1], any length",
-            "serve_batch": "waveforms: float32 [N, S] zero-padded; lengths: int32 [N] samples",
+            "serve_batch": "waveforms: float32 [N, S] zero-padded; lengths: int32 [N] samples; "
+            "a batch with a row longer than a window: row by row, each as serving_default",
         },
         "outputs": OUTPUTS,
         "decoding": describe(options),

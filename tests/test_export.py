@@ -22,7 +22,7 @@ from asrkit.data.manifest import read_manifest
 from asrkit.decoding.runner import decode_manifest
 from asrkit.decoding.transcribe import NetworkRecogniser, transcribe_files
 from asrkit.experiment import adopt_assets, build_network, load_experiment, write_timing
-from asrkit.export import export_model
+from asrkit.export import OUTPUTS, PADDING, export_model
 from asrkit.features import GlobalNormalizer, log_mel
 from asrkit.tokenizer import train_tokenizer
 from tests.tiny import tiny_model_config
@@ -635,3 +635,23 @@ def test_the_export_decodes_a_long_waveform_in_windows_as_transcribe_does(experi
     assert got["tokens"].numpy().tolist() == want.hypothesis.tokens
     assert float(got["score"]) == pytest.approx(want.hypothesis.score, rel=1e-4)
     assert int(got["nbest_counts"]) == 1
+    # serve_batch with the long waveform in it: each row as serving_default gives it alone,
+    # padded as a batch pads (a short row keeps its whole-utterance decoding)
+    loaded = tf.saved_model.load(str(out))
+    short = read_audio(utts[4].audio_path)
+    padded = np.zeros([2, len(audio)], np.float32)
+    padded[0], padded[1, : len(short)] = audio, short
+    lengths = tf.constant([len(audio), len(short)])
+    batch = loaded.signatures["serve_batch"](waveforms=tf.constant(padded), lengths=lengths)
+    assert set(batch) == set(got) == set(OUTPUTS)
+    for row, wave in enumerate((audio, short)):
+        alone = loaded.signatures["serving_default"](waveform=tf.constant(wave))
+        for key, value in alone.items():
+            value, row_value = np.asarray(value.numpy()), batch[key].numpy()[row]
+            if value.ndim:  # a row holds the single call's values, then the padding
+                assert np.array_equal(row_value[: len(value)], value), key
+                fill = PADDING[key]
+                fill = fill.encode() if isinstance(fill, str) else fill
+                assert np.all(row_value[len(value) :] == fill), key
+            else:
+                assert row_value == value, key
