@@ -13,7 +13,10 @@ def register(subparsers) -> None:
     verify.add_argument("--config", help="YAML config (as for asrkit train)")
     verify.add_argument("--exp-dir", required=True, help="where the report is written")
     verify.add_argument("--steps", type=int, default=4, help="micro-batches per update (N)")
-    verify.add_argument("--tolerance", type=float, help="max relative weight difference")
+    verify.add_argument("--tolerance", type=float,
+                        help="max relative weight difference (default: 1e-4 in float32; in "
+                             "reduced precision the larger of a fixed one and twice the "
+                             "measured rounding floor)")  # fmt: skip
     verify.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE")  # fmt: skip
     verify.set_defaults(func=run)
@@ -32,6 +35,11 @@ def run(args: argparse.Namespace) -> int:
         f"{report.max_relative_difference:.2e} (tolerance {report.tolerance:g}), relative "
         f"norm of the difference {report.norm_relative_difference:.2e}"
     )
+    if report.floor_max is not None:
+        line += (
+            f"; rounding floor (the union with its rows reversed) {report.floor_max:.2e} max, "
+            f"{report.floor_norm:.2e} norm"
+        )
     print(line)
     out = Path(args.exp_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -555,6 +555,18 @@ def test_verify_accumulation_mixed_float16(workdir):
     assert 0 < report.norm_relative_difference < 1e-2
 
 
+@pytest.mark.slow
+def test_verify_accumulation_mixed_bfloat16_measures_its_rounding_floor(workdir):
+    """In bfloat16 the check measures what rounding alone moves the union's update (its rows
+    reversed) and takes twice that, or the fixed 0.25, as its tolerance; float32 needs none."""
+    report = _verify(workdir, "train.precision=mixed_bfloat16")
+    assert report.attempts == 3  # accumulated, union, reversed union: one window each
+    assert 0 < report.floor_norm < 0.5 and report.floor_max > 0
+    assert report.tolerance == max(0.25, 2 * report.floor_max)
+    assert report.passed and report.norm_relative_difference < 0.5
+    assert _verify(workdir).floor_max is None
+
+
 @pytest.mark.slow  # ~30-40 s: the longest of make test; the fine-tune loading is also tested fast
 def test_fine_tune_with_a_new_vocabulary_and_a_frozen_encoder(workdir, uninterrupted):
     texts = [u.text for u in read_manifest(workdir / "data" / "train-clean-100.jsonl")]
