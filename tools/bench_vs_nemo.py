@@ -90,13 +90,11 @@ def _asrkit(request: dict) -> dict:
     import tensorflow as tf
 
     from asrkit.experiment import load_experiment
-    from asrkit.importers.nemo_model import import_nemo
 
-    if request["task"] == "step":  # imported once, by the parent: not in this process' peak
+    # imported once, by the parent: not in this process' peak, removed after the comparisons
+    if request["task"] == "step":
         return _asrkit_step(Path(request["exp"]), request)
-    exp = Path(tempfile.mkdtemp()) / "exp"
-    import_nemo(request["nemo_model"], exp)
-    experiment = load_experiment(exp)
+    experiment = load_experiment(request["exp"])
     utterances = _utterances(request["manifest"], request["utterances"])
     waves = _waves(utterances)
     out = {}
@@ -464,10 +462,10 @@ def main() -> None:
     }
     print(f"{args.nemo_model} ({args.manifest or 'fabricated micro-batches'}); "
           f"{args.repeats} alternating repeats, median (min-max)", flush=True)  # fmt: skip
+    scratch = tempfile.TemporaryDirectory()  # the imported experiment: removed after
+    base["exp"] = _imported(args.nemo_model, Path(scratch.name) / "exp")
     for task in args.tasks:
         if task == "step":
-            scratch = tempfile.TemporaryDirectory()  # the imported experiment: removed after
-            base["exp"] = _imported(args.nemo_model, Path(scratch.name) / "exp")
             for batch, seconds, labels in shapes:
                 shape = {"batch": batch, "seconds": seconds, "labels": labels}
                 _compare(f"step, {batch} x {seconds:g} s, U = {labels}", args, {
@@ -478,12 +476,13 @@ def main() -> None:
                     "nemo, vectorised loss": {**base, **shape, "task": task, "side": "nemo",
                                               "loss": "vectorised"},
                 })  # fmt: skip
-            scratch.cleanup()
         else:
             _compare(f"{task}", args, {
                 "asrkit": {**base, "task": task, "side": "asrkit"},
+                "asrkit, oneDNN": {**base, "task": task, "side": "asrkit", "env": AS_COMMANDS_RUN},
                 "nemo": {**base, "task": task, "side": "nemo"},
             })  # fmt: skip
+    scratch.cleanup()
 
 
 def _imported(nemo_model: str, exp: Path) -> str:
