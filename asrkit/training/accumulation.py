@@ -80,6 +80,8 @@ class _EngineState:
                 )
                 for name in ("accum/loss_sum", "accum/count")
             )
+            # A zero Grappler cannot fold (see `_clear_accumulators`).
+            self.zero = tf.Variable(0.0, trainable=False, name="accum/zero")
             # Running totals of the current epoch (cross-replica, identical everywhere).
             self.epoch_loss_sum = tf.Variable(0.0, trainable=False, name="epoch_loss_sum")
             self.epoch_count = tf.Variable(0.0, trainable=False, name="epoch_count")
@@ -397,10 +399,17 @@ class AccumulatingModel(keras.Model):
                 engine.growth.assign(tf.where(overflow, tf.constant(0, tf.int64), engine.growth))
 
     def _clear_accumulators(self):
-        # Grappler folds these zeros into constants the accumulators then share (cheaper
-        # than computing 0 x acc, which needs a second weights-sized set at once).
+        # Each accumulator is filled with a zero read at run time, one after another. Not
+        # `zeros_like(acc)`: Grappler folds that into a constant of the accumulator's shape,
+        # which the function's graph then holds for good (a weights-sized set of zeros for
+        # each function that clears: the update's and the skip's). In sequence, so only one
+        # accumulator's fill at a time is alive beside the state (an assign takes over a
+        # buffer nobody else holds).
+        done = []
         for acc in self._engine.grads:
-            acc.assign(tf.zeros_like(acc))
+            with tf.control_dependencies(done):
+                zeros = tf.fill(tf.shape(acc), self._engine.zero.read_value())
+                done = [acc.assign(zeros, read_value=False)]
 
     def _window_logs(self, stats: _WindowStats) -> dict:
         engine = self._engine
