@@ -11,6 +11,8 @@ imported into asrkit with `asrkit import nemo`, so both sides run the same weigh
         [--repeats 3] [--utterances 64]
     python tools/bench_vs_nemo.py --nemo-python ... --nemo-model fc_114m.nemo \
         --tasks step --shapes 2x10x40,4x20x80
+    python tools/bench_vs_nemo.py --nemo-python ... --nemo-model fc_114m.nemo \
+        --tasks fit --shapes 1x10x40 --cap 6GiB
 
 Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, NeMo ...),
 `--repeats` times, after a warm-up in the same process; printed as asrkit and NeMo median
@@ -40,6 +42,10 @@ Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, N
   measuring environment (oneDNN off: exact allocator peaks) and as its commands run
   (`AS_COMMANDS_RUN`, oneDNN on: the time users get; oneDNN's scratch is then outside the
   allocator's figures).
+- `fit` (not by default): the most utterances of the first `--shapes`' length and labels
+  each side fits in one update under a process memory cap (`--cap`, e.g. 6GiB): the peak
+  RSS of a child per count tried, doubling from 1, then halving the gap; asrkit as its
+  commands run, NeMo with its own loss.
 """
 
 from __future__ import annotations
@@ -224,6 +230,9 @@ def _asrkit_step(exp: Path, request: dict) -> dict:
     )
     data = tf.data.Dataset.from_tensors(batch)
     task.fit(data, verbose=0)  # the warm-up: tracing
+    if request.get("peak_only"):  # `fit`: one more update, then only the process peak
+        task.fit(data, verbose=0)
+        return {"peak RSS MiB": _peak_rss_mib()}
     out["allocator step peak MiB"] = allocator_peak(lambda: task.fit(data, verbose=0)) / 2**20
     # the training state and the step's tensors together: what a GPU would hold
     out["tensor peak MiB"] = out["allocator before the step MiB"] + out["allocator step peak MiB"]
@@ -412,6 +421,9 @@ def _nemo_step(model, request: dict) -> dict:
         optimizer.step()
 
     update()  # the warm-up: AdamW's slots
+    if request.get("peak_only"):  # `fit`: one more update, then only the process peak
+        update()
+        return {"peak RSS MiB": _peak_rss_mib()}
     out["RSS with the training state MiB"] = _rss_mib()
     out["update s"] = timed(update, repeats=ROUNDS, warmup=0).median
     out["peak RSS MiB"] = _peak_rss_mib()
@@ -444,17 +456,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--utterances", type=int, default=64)
     parser.add_argument("--tasks", nargs="+", default=["decode", "loss", "train"],
-                        choices=["decode", "loss", "train", "step"])  # fmt: skip
+                        choices=["decode", "loss", "train", "step", "fit"])  # fmt: skip
     parser.add_argument("--shapes", default="2x10x40",
-                        help="step: micro-batches, UTTERANCESxSECONDSxLABELS[,...]")  # fmt: skip
+                        help="step: micro-batches, UTTERANCESxSECONDSxLABELS[,...]; fit: "
+                             "the utterances' SECONDS and LABELS of the first")  # fmt: skip
+    parser.add_argument("--cap", default="6GiB",
+                        help="fit: the process memory cap (e.g. 6GiB, 4096MiB)")  # fmt: skip
     args = parser.parse_args()
     if not os.access(args.nemo_python, os.X_OK):
         _refuse(f"--nemo-python {args.nemo_python}: not an executable")
     if not Path(args.nemo_model).is_file():
         _refuse(f"--nemo-model {args.nemo_model}: no such file")
-    if set(args.tasks) - {"step"} and not (args.manifest and Path(args.manifest).is_file()):
+    if set(args.tasks) - {"step", "fit"} and not (args.manifest and Path(args.manifest).is_file()):
         _refuse(f"--manifest {args.manifest}: no such file (decode, loss and train read it)")
     shapes = [_parse_shape(text) for text in args.shapes.split(",")]
+    cap = _parse_cap(args.cap)
     base = {
         "nemo_model": str(Path(args.nemo_model).resolve()),
         "manifest": str(Path(args.manifest).resolve()) if args.manifest else None,
@@ -465,7 +481,19 @@ def main() -> None:
     scratch = tempfile.TemporaryDirectory()  # the imported experiment: removed after
     base["exp"] = _imported(args.nemo_model, Path(scratch.name) / "exp")
     for task in args.tasks:
-        if task == "step":
+        if task == "fit":
+            _, seconds, labels = shapes[0]
+            print(f"fit: the most utterances of {seconds:g} s, U = {labels} in one update "
+                  f"under a process peak of {cap / 2**20:.0f} MiB", flush=True)  # fmt: skip
+            for side, extra in (("asrkit, oneDNN", {"side": "asrkit", "env": AS_COMMANDS_RUN}),
+                                ("nemo", {"side": "nemo", "loss": "nemo"})):  # fmt: skip
+                request = {**base, "task": "step", "seconds": seconds, "labels": labels,
+                           "peak_only": True, **extra}  # fmt: skip
+                most, peaks = _largest_under(cap, lambda n, r=request: _peak(args, r, n))
+                tried = ", ".join(f"{n}: {peak:.0f}" for n, peak in sorted(peaks.items()))
+                print(f"  {side:22s} {most} utterances (peak MiB by utterances: {tried})",
+                      flush=True)  # fmt: skip
+        elif task == "step":
             for batch, seconds, labels in shapes:
                 shape = {"batch": batch, "seconds": seconds, "labels": labels}
                 _compare(f"step, {batch} x {seconds:g} s, U = {labels}", args, {
@@ -483,6 +511,46 @@ def main() -> None:
                 "nemo": {**base, "task": task, "side": "nemo"},
             })  # fmt: skip
     scratch.cleanup()
+
+
+def _peak(args, request: dict, utterances: int) -> float:
+    """The process peak (MiB) of one side's update on `utterances` utterances."""
+    request = {**request, "batch": utterances}
+    if request["side"] == "asrkit":
+        return run_child(__file__, request, env=request.get("env"))["peak RSS MiB"]
+    return _run_nemo(args.nemo_python, request)["peak RSS MiB"]
+
+
+def _largest_under(cap: int, peak_of, limit: int = 256) -> tuple[int, dict]:
+    """The most utterances whose peak (`peak_of(n)`, MiB) stays within `cap` bytes: doubling
+    from 1 until over, then halving the gap; (0 if not even one fits, the peaks tried)."""
+    peaks, fits, fails = {}, 0, None
+    n = 1
+    while fails is None and n <= limit:
+        peaks[n] = peak_of(n)
+        if peaks[n] * 2**20 <= cap:
+            fits, n = n, n * 2
+        else:
+            fails = n
+    while fails is not None and fails - fits > 1:
+        n = (fits + fails) // 2
+        peaks[n] = peak_of(n)
+        fits, fails = (n, fails) if peaks[n] * 2**20 <= cap else (fits, n)
+    return fits, peaks
+
+
+def _parse_cap(text: str) -> int:
+    units = {"gib": 2**30, "mib": 2**20}
+    for unit, size in units.items():
+        if text.lower().endswith(unit):
+            try:
+                value = float(text[: -len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return int(value * size)
+    _refuse(f"--cap: {text!r} is not a size like 6GiB or 4096MiB")
+    return 0
 
 
 def _imported(nemo_model: str, exp: Path) -> str:

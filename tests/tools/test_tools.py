@@ -235,3 +235,25 @@ def test_bench_throughput_prints_the_peak_and_the_achieved_share():
     assert len(peaks) == 2 and all(p > 0 for p in peaks), out
     shares = _figures(r"= ([\d.]+) % of the float32 peak", out)
     assert len(shares) == 4 and all(0 < s < 400 for s in shares), out  # 2 passes x 2 precisions
+
+
+@pytest.mark.parametrize("per_utterance", [0.0, 37.5, 300.0, 5000.0])
+def test_the_largest_micro_batch_search_is_the_brute_force_answer(per_utterance, monkeypatch):
+    """bench_vs_nemo's `fit` search, on a made-up peak that grows with the utterances (and
+    one step of noise): the most utterances within the cap, as trying every count finds it,
+    from a handful of probes."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import bench_vs_nemo
+
+    def peak_of(n):  # MiB: a fixed part, a growing part, a wobble that keeps it monotone
+        return 1000 + per_utterance * n + (n % 3)
+
+    cap = 4096 * 2**20
+    most, peaks = bench_vs_nemo._largest_under(cap, peak_of, limit=256)
+    brute = max([n for n in range(1, 257) if peak_of(n) * 2**20 <= cap], default=0)
+    assert most == min(brute, 256)
+    assert all(peaks[n] == peak_of(n) for n in peaks) and len(peaks) <= 2 * 9 + 1
+    assert bench_vs_nemo._parse_cap("6GiB") == 6 * 2**30
+    assert bench_vs_nemo._parse_cap("512MiB") == 512 * 2**20
+    with pytest.raises(SystemExit):
+        bench_vs_nemo._parse_cap("lots")
