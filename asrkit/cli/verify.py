@@ -16,7 +16,7 @@ def register(subparsers) -> None:
     verify.add_argument("--tolerance", type=float,
                         help="max relative weight difference (default: 1e-4 in float32; in "
                              "reduced precision the larger of a fixed one and twice the "
-                             "measured rounding floor)")  # fmt: skip
+                             "union's measured distance from float32)")  # fmt: skip
     verify.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE")  # fmt: skip
     verify.set_defaults(func=run)
@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if report.floor_max is not None:
         line += (
-            f"; rounding floor (the union with its rows reversed) {report.floor_max:.2e} max, "
-            f"{report.floor_norm:.2e} norm"
+            f"; the precision's own floor (the union's update against float32's) "
+            f"{report.floor_max:.2e} max, {report.floor_norm:.2e} norm"
         )
     print(line)
     out = Path(args.exp_dir)

@@ -557,10 +557,10 @@ def test_verify_accumulation_mixed_float16(workdir):
 
 @pytest.mark.slow
 def test_verify_accumulation_mixed_bfloat16_measures_its_rounding_floor(workdir):
-    """In bfloat16 the check measures what rounding alone moves the union's update (its rows
-    reversed) and takes twice that, or the fixed 0.25, as its tolerance; float32 needs none."""
+    """In bfloat16 the check measures how far the union's update is from float32's and takes
+    twice that, or the fixed 0.25, as its tolerance; float32 needs none."""
     report = _verify(workdir, "train.precision=mixed_bfloat16")
-    assert report.attempts == 3  # accumulated, union, reversed union: one window each
+    assert report.attempts == 3  # accumulated, union, float32 union: one window each
     assert 0 < report.floor_norm < 0.5 and report.floor_max > 0
     assert report.tolerance == max(0.25, 2 * report.floor_max)
     assert report.passed and report.norm_relative_difference < 0.5
