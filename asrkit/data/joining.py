@@ -44,7 +44,8 @@ class JoinSettings:
             )
 
     def fingerprint(self) -> dict:
-        """What the shards record; without pauses, as before pauses existed."""
+        """What the shards record; without pauses, the three keys alone (shards written
+        without `pause_seconds` keep matching)."""
         settings = dataclasses.asdict(self)
         if not self.pause_seconds:
             del settings["pause_seconds"]

@@ -67,7 +67,7 @@ def test_joined_examples_are_the_audio_back_to_back(corpus, tmp_path):  # noqa: 
         np.testing.assert_allclose(e["features"].numpy(), log_mel(audio).numpy(), atol=1e-5)
         assert e["text"].numpy().decode() == " ".join(u.text for u in parts)
     fingerprint = json.loads((tmp_path / "j" / "shards.json").read_text())["fingerprint"]
-    assert fingerprint["join"] == {"max_seconds": 60.0, "share": 1.0, "seed": 0}  # as before pauses
+    assert fingerprint["join"] == {"max_seconds": 60.0, "share": 1.0, "seed": 0}  # no pause key
     with pytest.raises(ShardMismatch, match="join"):
         write_shards(manifest, tok, tmp_path / "j", num_shards=1, show_progress=False)
 
