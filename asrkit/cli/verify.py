@@ -15,8 +15,11 @@ def register(subparsers) -> None:
     verify.add_argument("--steps", type=int, default=4, help="micro-batches per update (N)")
     verify.add_argument("--tolerance", type=float,
                         help="max relative weight difference (default: 1e-4 in float32; in "
-                             "reduced precision the larger of a fixed one and twice the "
-                             "union's measured distance from float32)")  # fmt: skip
+                             "reduced precision a fixed one, or with --floor the larger of it "
+                             "and twice the union's measured distance from float32)")  # fmt: skip
+    verify.add_argument("--floor", action="store_true",
+                        help="in reduced precision, also measure how far the union's update "
+                             "is from float32's, allow twice that (~1.4x the memory)")  # fmt: skip
     verify.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE")  # fmt: skip
     verify.set_defaults(func=run)
@@ -27,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.training.verify import verify_accumulation
 
     config = load_config(args.config, args.overrides)
-    report = verify_accumulation(config, args.steps, args.tolerance)
+    report = verify_accumulation(config, args.steps, args.tolerance, args.floor)
     verdict = "PASS" if report.passed else "FAIL"
     line = (
         f"{verdict}: {report.steps} micro-batches (sizes {report.micro_batch_sizes}) vs their "

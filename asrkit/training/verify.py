@@ -10,15 +10,18 @@ micro-batches padded to a common length and concatenated; the transducer is padd
 invariant, so the union's loss is exactly the micro-batches' losses summed.
 
 In reduced precision the two updates differ by rounding as well, and how much grows with the
-model. The check then measures what the precision itself moves on the same batch: the
-union's update in float32 against the union's in the reduced precision (the floor). The
-default tolerance is the larger of a fixed one and twice the floor: two reduced-precision
-updates may each be the floor away from the float32 one, in different directions.
+model. With `floor`, the check measures what the precision itself moves on the same batch:
+the union's update in float32 against the union's in the reduced precision. The default
+tolerance is then the larger of a fixed one and twice the floor (two reduced-precision
+updates may each be the floor away from the float32 one, in different directions). The
+floor needs a float32 network beside the two checked ones (their memory is not all given
+back): about 1.4x the check's memory (at 0.6 B more than 24 GB).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 from dataclasses import dataclass
 
 import keras
@@ -43,8 +46,8 @@ class VerifyReport:
     norm_relative_difference: float  # ‖Δw_accumulated - Δw_union‖ / ‖Δw_union‖
     tolerance: float  # on the max relative difference
     attempts: int  # windows tried until both updates were applied (float16 overflow skips)
-    # reduced precision: the same two differences between the union's update in float32
-    # and in the reduced precision (what the precision alone moves); None in float32
+    # with `floor` in reduced precision: the same two differences between the union's update
+    # in float32 and in the reduced precision (what the precision alone moves); else None
     floor_max: float | None = None
     floor_norm: float | None = None
 
@@ -54,16 +57,21 @@ class VerifyReport:
 
 
 def verify_accumulation(
-    config: ExperimentConfig, steps: int = 4, tolerance: float | None = None
+    config: ExperimentConfig, steps: int = 4, tolerance: float | None = None, floor: bool = False
 ) -> VerifyReport:
     files, frames, tokens = shard_counts(config.data.train_shards)
     plan = micro_batch_plan(config, frames, tokens)  # checked against the config as trained
     with process_settings(_deterministic(config)):
-        return _verify(_deterministic(config), files, plan, steps, tolerance)
+        return _verify(_deterministic(config), files, plan, steps, tolerance, floor)
 
 
 def _verify(
-    config: ExperimentConfig, files: list[str], plan, steps: int, tolerance: float | None
+    config: ExperimentConfig,
+    files: list[str],
+    plan,
+    steps: int,
+    tolerance: float | None,
+    floor_wanted: bool = False,
 ) -> VerifyReport:
     precision = config.train.precision
     # bfloat16 keeps 8 mantissa bits: merely permuting the rows of one mini-model batch
@@ -91,18 +99,21 @@ def _verify(
         union_model.trainable_variables, accumulated.trainable_variables, strict=True
     ):
         var.assign(source)
-    # One copy of the initial weights on the host (and in reduced precision one of the
-    # union's updated ones); the differences are taken variable by variable.
+    # One copy of the initial weights on the host (and for the floor one of the union's
+    # updated ones); the differences are taken variable by variable.
     initial = [v.numpy() for v in accumulated.trainable_variables]
     attempts = _update(accumulated, micro, 0)
     attempts = _update(union_model, [_union(micro)], attempts)
-    reduced = precision != "float32"  # then the union's weights are kept for the floor
+    reduced = floor_wanted and precision != "float32"  # the union's weights kept for the floor
     union_weights = [v.numpy() for v in union_model.trainable_variables] if reduced else None
     reference = union_weights or (v.numpy() for v in union_model.trainable_variables)
     difference = _difference(accumulated.trainable_variables, reference, initial)
     floor = (None, None)
     if reduced:  # the floor: the union's update in float32, against the reduced precision's
-        del accumulated, union_model  # one network at a time
+        # The two reduced-precision networks are let go first (their traced functions hold
+        # them in reference cycles); TensorFlow gives back only part of their memory.
+        del accumulated, union_model
+        gc.collect()
         exact_config = dataclasses.replace(
             config, train=dataclasses.replace(config.train, precision="float32")
         )

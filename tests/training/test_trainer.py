@@ -485,13 +485,14 @@ def test_a_retrained_tokenizer_cannot_silently_change_an_experiment(workdir, tmp
         adopt_assets(config, tmp_path / "exp")
 
 
-def _verify(workdir, *overrides, config="conf.yaml"):
+def _verify(workdir, *overrides, config="conf.yaml", floor=False):
     from asrkit.training.verify import verify_accumulation
 
     cwd = os.getcwd()
     os.chdir(workdir)
     try:
-        return verify_accumulation(load_config(workdir / config, list(overrides)), steps=3)
+        config = load_config(workdir / config, list(overrides))
+        return verify_accumulation(config, steps=3, floor=floor)
     finally:
         os.chdir(cwd)
         import keras
@@ -557,14 +558,15 @@ def test_verify_accumulation_mixed_float16(workdir):
 
 @pytest.mark.slow
 def test_verify_accumulation_mixed_bfloat16_measures_its_rounding_floor(workdir):
-    """In bfloat16 the check measures how far the union's update is from float32's and takes
-    twice that, or the fixed 0.25, as its tolerance; float32 needs none."""
-    report = _verify(workdir, "train.precision=mixed_bfloat16")
+    """With `floor`, in bfloat16 the check measures how far the union's update is from
+    float32's and takes twice that, or the fixed 0.25, as its tolerance; float32 needs none."""
+    report = _verify(workdir, "train.precision=mixed_bfloat16", floor=True)
     assert report.attempts == 3  # accumulated, union, float32 union: one window each
     assert 0 < report.floor_norm < 0.5 and report.floor_max > 0
     assert report.tolerance == max(0.25, 2 * report.floor_max)
     assert report.passed and report.norm_relative_difference < 0.5
-    assert _verify(workdir).floor_max is None
+    assert _verify(workdir, floor=True).floor_max is None  # float32: nothing to measure
+    assert _verify(workdir, "train.precision=mixed_bfloat16").floor_max is None  # not asked
 
 
 @pytest.mark.slow  # ~30-40 s: the longest of make test; the fine-tune loading is also tested fast
