@@ -102,14 +102,15 @@ def _verify(
     # One copy of the initial weights on the host (and for the floor one of the union's
     # updated ones); the differences are taken variable by variable.
     initial = [v.numpy() for v in accumulated.trainable_variables]
+    union = _union(micro)
     attempts = _update(accumulated, micro, 0)
-    attempts = _update(union_model, [_union(micro)], attempts)
-    reduced = floor_wanted and precision != "float32"  # the union's weights kept for the floor
-    union_weights = [v.numpy() for v in union_model.trainable_variables] if reduced else None
+    attempts = _update(union_model, [union], attempts)
+    measure_floor = floor_wanted and precision != "float32"  # then the union's weights kept
+    union_weights = [v.numpy() for v in union_model.trainable_variables] if measure_floor else None
     reference = union_weights or (v.numpy() for v in union_model.trainable_variables)
     difference = _difference(accumulated.trainable_variables, reference, initial)
     floor = (None, None)
-    if reduced:  # the floor: the union's update in float32, against the reduced precision's
+    if measure_floor:  # the floor: the union's update in float32, against the reduced precision's
         # The two reduced-precision networks are let go first (their traced functions hold
         # them in reference cycles); TensorFlow gives back only part of their memory.
         del accumulated, union_model
@@ -117,16 +118,12 @@ def _verify(
         exact_config = dataclasses.replace(
             config, train=dataclasses.replace(config.train, precision="float32")
         )
-        previous = keras.mixed_precision.dtype_policy()
-        keras.mixed_precision.set_dtype_policy("float32")
-        try:
+        with process_settings(exact_config):  # a float32 network; the policy restored after
             exact = build_task(exact_config, tokenizer.vocab_size, 1, keras.optimizers.SGD(1.0))
             exact.build_engine(micro[0])
-        finally:
-            keras.mixed_precision.set_dtype_policy(previous)
         for var, w0 in zip(exact.trainable_variables, initial, strict=True):
             var.assign(w0)
-        attempts = _update(exact, [_union(micro)], attempts)
+        attempts = _update(exact, [union], attempts)
         floor = _difference(exact.trainable_variables, union_weights, initial)
     if tolerance is None:
         tolerance = fixed if floor[0] is None else max(fixed, 2 * floor[0])
