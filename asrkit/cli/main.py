@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug or not _is_user_error(err):
             raise
         print(f"asrkit {command}: error: {_describe(err)}", file=sys.stderr)
-        return 2
+        return getattr(err, "exit_code", 2)
     finally:
         warnings.formatwarning = formatwarning
 
@@ -111,9 +111,15 @@ def _audio_notice(command: str) -> None:
 # ("I0000 00:00:17... port.cc:153] oneDNN custom operations are on", "E0000 ...
 # cuda_platform.cc:52] failed call to cuInit") and absl's notice about early messages.
 # A fatal line ("F0000 ... Check failed") and anything else (an abort's message) pass.
+# With several workers, the later lines of TensorFlow's report of a lost peer go too (the
+# error `asrkit train` then raises names the worker in one line).
 NATIVE_NOISE = (
     r"^[IWE][0-9]{4} [0-9:. ]+[0-9]+ [A-Za-z0-9_./-]+:[0-9]+\] "
     r"|^WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|^/job:[a-z]+/replica:[0-9]+/task:[0-9]+$|^The tasks have crashed\. "
+    r"|^The error could be from a previous operation\. Restart your program to reset\."
+    r"|^Additional GRPC error information from remote target /job:"
+    r"|^:UNKNOWN:Error received from peer "
 )
 
 

@@ -18,6 +18,18 @@ def register(subparsers) -> None:
     train.add_argument("--new-epoch-order", action="store_true",
                        help="resume although shards, buckets, micro-batch sizes or seed changed: "
                        "the current epoch starts again in the new order")  # fmt: skip
+    several = train.add_argument_group(
+        "several machines", "run the same command on every machine, each with its own "
+        "--worker-index; the experiment directory must be shared (docs/multi-worker.md)"
+    )  # fmt: skip
+    several.add_argument("--workers", metavar="HOST:PORT,...",
+                         help="every worker's address, the chief first (sets TF_CONFIG and "
+                         "train.strategy=multiworker)")  # fmt: skip
+    several.add_argument("--worker-index", type=int, metavar="N",
+                         help="this machine's place in --workers (0: the chief)")  # fmt: skip
+    several.add_argument("--start-timeout", type=float, default=300.0, metavar="SECONDS",
+                         help="how long the workers wait for each other at start "
+                         "(default: %(default)s)")  # fmt: skip
     train.set_defaults(func=run)
 
 
@@ -26,12 +38,14 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.outputs import writable_directory
 
     overrides = [*args.overrides, *([f"data.plan={args.plan}"] if args.plan else [])]
+    overrides += _use_workers(args)
     config = experiment_or_config(args.config, args.exp_dir, overrides, new_from_defaults=True)
     writable_directory(args.exp_dir, "--exp-dir")
     from asrkit.training.trainer import train  # TensorFlow: only once the arguments are good
 
     result = train(config, args.exp_dir, init_from=args.init_from,
-                   new_epoch_order=args.new_epoch_order)  # fmt: skip
+                   new_epoch_order=args.new_epoch_order,
+                   start_timeout=args.start_timeout)  # fmt: skip
     if result.stopped_by:
         where = result.checkpoint.name if result.checkpoint else "no new checkpoint"
         print(
@@ -46,3 +60,19 @@ def run(args: argparse.Namespace) -> int:
         f"{result.seconds:.0f} s -> {args.exp_dir}"
     )
     return 0
+
+
+def _use_workers(args: argparse.Namespace) -> list[str]:
+    """--workers/--worker-index as TF_CONFIG for this process; the override they imply."""
+    import os
+
+    from asrkit.cluster import ClusterError, parse_workers
+
+    if args.start_timeout <= 0:
+        raise ClusterError(f"--start-timeout {args.start_timeout:g}: give seconds > 0")
+    if args.workers is None:
+        if args.worker_index is not None:
+            raise ClusterError("--worker-index needs --workers, the list it indexes")
+        return []
+    os.environ["TF_CONFIG"] = parse_workers(args.workers, args.worker_index).tf_config()
+    return ["train.strategy=multiworker"]

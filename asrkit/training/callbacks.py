@@ -18,10 +18,20 @@ _SCALARS = ("loss", "window_loss", "grad_norm", "learning_rate", "skipped_window
 
 
 class StopRequest:
-    """Set by a signal handler; read by the training loop at window boundaries."""
+    """Set by a signal handler; read by the training loop at window boundaries. With
+    several workers, `agree` (flag -> any worker's flag) makes every worker stop at the same
+    boundary when any of them was signalled."""
 
-    def __init__(self):
+    def __init__(self, agree=None):
         self.signal: str | None = None
+        self.agree = agree
+
+    def requested(self) -> bool:
+        """Whether to stop now; with several workers a collective call every worker makes
+        at the same point."""
+        if self.agree is not None and self.agree(self.signal is not None) and not self.signal:
+            self.signal = "a signal to another worker"
+        return self.signal is not None
 
 
 class TrainingProgress(keras.callbacks.Callback):
@@ -58,13 +68,14 @@ class TrainingProgress(keras.callbacks.Callback):
             self.last_print = now
             self._report(done, updates, elapsed, audio_rate, logs)
         state = dataclasses.replace(self.state, micro_batches=done, updates=updates)
-        if self.stop.signal or (self.every and updates and updates % self.every == 0):
+        stopping = self.stop.requested()
+        if stopping or (self.every and updates and updates % self.every == 0):
             # Callbacks run at window boundaries only: a checkpoint never holds half a window.
             task = self.model
             self.last_checkpoint = self.manager.save(
                 task.network, state, task.optimizer, heads=task.heads
             )
-        if self.stop.signal:
+        if stopping:
             self.stopped_at = state
             self.model.stop_training = True
 

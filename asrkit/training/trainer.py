@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import os
 import shutil
 import signal
 import threading
@@ -43,6 +44,14 @@ from asrkit.checkpoints import (
     load_matching_weights,
     restore,
     set_aside,
+)
+from asrkit.cluster import (
+    DEFAULT_START_TIMEOUT,
+    Cluster,
+    cluster_from_tf_config,
+    lost_worker,
+    meet,
+    settings_of,
 )
 from asrkit.config import ExperimentConfig, dump_config
 from asrkit.data.batch_plan import mean_micro_batch_seconds, micro_batch_plan
@@ -203,15 +212,24 @@ def train(
     init_from: str | None = None,
     log=print,
     new_epoch_order: bool = False,
+    start_timeout: float = DEFAULT_START_TIMEOUT,
 ) -> TrainResult:
     """Trains (or resumes) the experiment in `exp_dir`. A resume whose data plan (shards,
     buckets, micro-batch sizes, seed) differs from the checkpoint's is refused, naming what
     changed, unless `new_epoch_order`: then the current epoch starts again in the new order
-    (weights, optimizer and update count kept)."""
+    (weights, optimizer and update count kept).
+
+    `train.strategy=multiworker` with TF_CONFIG set: the workers meet first (every one within
+    `start_timeout` seconds, with the same settings and experiment directory; see
+    `asrkit.cluster`), and a worker lost during training ends the others with
+    `WorkerLost`."""
     start = time.monotonic()
     for message in config_cautions(config):
         warnings.warn(message, stacklevel=2)
-    with process_settings(config):
+    cluster = _cluster(config)
+    if cluster is not None:
+        meet(cluster, Path(exp_dir), settings_of(config), start_timeout)
+    with process_settings(config), _naming_a_lost_worker(cluster, Path(exp_dir)):
         strategy = resolve_strategy(config.train.strategy)
         run = _open_run(config, Path(exp_dir), strategy, log)
         data = _plan_data(run, strategy.num_replicas_in_sync)
@@ -222,10 +240,13 @@ def train(
         state = _check_data_plan(state, data, run.log, new_epoch_order)
         _record_config(run)  # only now: a refused resume leaves the experiment as it was
         _record_training_lengths(run, data)
-        with _stop_on_signals(run.log) as stop:
-            result = _run_epochs(task, run, data, state, stop)
-        if not run.chief:
-            shutil.rmtree(run.save_dir, ignore_errors=True)
+        agree = _any_worker(strategy) if cluster is not None else None
+        try:
+            with _stop_on_signals(run.log, agree) as stop:
+                result = _run_epochs(task, run, data, state, stop)
+        finally:
+            if not run.chief:
+                shutil.rmtree(run.save_dir, ignore_errors=True)
     return dataclasses.replace(result, seconds=time.monotonic() - start)
 
 
@@ -362,7 +383,7 @@ def _run_epochs(task, run: _Run, data: _TrainingData, state: TrainState, stop) -
     else:
         writer = tf.summary.create_noop_writer()
     dev_wer, epoch_losses, last = state.best_wer, [], None
-    while state.epoch < config.train.epochs and not stop.signal:
+    while state.epoch < config.train.epochs and not stop.requested():
         state = dataclasses.replace(state, dev_wer=None)  # mid-epoch weights have none
         progress = TrainingProgress(
             manager, state, data.micro_per_epoch, data.audio_per_micro_batch, config, writer,
@@ -398,11 +419,46 @@ def _parameters(task) -> int:
     return sum(int(np.prod(v.shape)) for v in task.trainable_variables)
 
 
+def _cluster(config: ExperimentConfig) -> Cluster | None:
+    text = os.environ.get("TF_CONFIG")
+    if config.train.strategy != "multiworker" or not text:
+        return None  # without TF_CONFIG, TensorFlow runs the strategy as one worker
+    return cluster_from_tf_config(text)
+
+
 @contextlib.contextmanager
-def _stop_on_signals(log):
+def _naming_a_lost_worker(cluster: Cluster | None, exp_dir: Path):
+    """TensorFlow's error when a collective's peer went away, as `WorkerLost` naming it and
+    the checkpoint a restart resumes from."""
+    try:
+        yield
+    except (tf.errors.UnavailableError, tf.errors.AbortedError,
+            tf.errors.DeadlineExceededError, tf.errors.CancelledError) as err:  # fmt: skip
+        if cluster is None:
+            raise
+        found = list_checkpoints(exp_dir / "checkpoints")
+        where = f"the last complete checkpoint is {found[-1].name}" if found else (
+            "no checkpoint was written yet, so training starts afresh"
+        )  # fmt: skip
+        raise lost_worker(cluster, err, where) from None
+
+
+def _any_worker(strategy):
+    """flag -> whether any worker's flag is set: one small all-reduce over the workers."""
+
+    def agree(flag: bool) -> bool:
+        value = strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
+        return bool(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None) > 0)
+
+    return agree
+
+
+@contextlib.contextmanager
+def _stop_on_signals(log, agree=None):
     """SIGTERM/SIGINT set a flag the training loop reads at window boundaries; the first
-    one also puts the previous handlers back, so a second one acts at once."""
-    stop = StopRequest()
+    one also puts the previous handlers back, so a second one acts at once. `agree`: see
+    `StopRequest`."""
+    stop = StopRequest(agree)
     if threading.current_thread() is not threading.main_thread():
         yield stop  # signal handlers can only be installed from the main thread
         return

@@ -72,6 +72,14 @@ def _one_error_line(capsys, command: str) -> str:
           "--beam", "-1"], "decode", "--beam must be >= 1, got -1"),
         (["train", "--config", "{tmp}/broken.yaml", "--exp-dir", "{tmp}/e"], "train",
          "{tmp}/broken.yaml: not valid YAML: line 3, column 8: mapping values are not allowed"),
+        (["train", "--exp-dir", "{tmp}/e", "--workers", "node1:2222"], "train",
+         "--workers 'node1:2222': give every worker's host:port, comma-separated (at least two"),
+        (["train", "--exp-dir", "{tmp}/e", "--workers", "a:1,b:2", "--worker-index", "2"],
+         "train", "--worker-index 2: the list has 2 workers, so it is 0 to 1"),
+        (["train", "--exp-dir", "{tmp}/e", "--worker-index", "1"], "train",
+         "--worker-index needs --workers"),
+        (["train", "--exp-dir", "{tmp}/e", "--start-timeout", "0"], "train",
+         "--start-timeout 0: give seconds > 0"),
         (["plan", "--exp-dir", "{tmp}/new", "--memory", "2GiB"], "plan",
          "--exp-dir {tmp}/new: not an experiment yet (no config.yaml); give the model and "
          "data to use with --config CONF"),
@@ -304,3 +312,24 @@ def test_a_beam_below_one_is_refused_as_a_user_error():
     with pytest.raises(InputError, match="--beam must be >= 1, got 0"):
         search_options(argparse.Namespace(method="beam", beam=0), 3)
     assert search_options(argparse.Namespace(method="beam", beam=2), 3).beam == 2
+
+
+def test_a_worker_whose_chief_never_comes_stops_in_one_line_and_leaves_nothing(tmp_path):
+    """`asrkit train --workers` on a machine whose chief is not there: one line naming the
+    chief after --start-timeout, exit 2, and the experiment directory it made taken back."""
+    from tests.training.test_multi_worker import free_ports
+
+    workers = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    started = time.monotonic()
+    done = subprocess.run(
+        [ASRKIT, "train", "--exp-dir", str(tmp_path / "exp"), "--workers", workers,
+         "--worker-index", "1", "--start-timeout", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    chief = workers.split(",")[0]
+    assert lines[0].startswith(f"asrkit train: error: the chief, worker 0 ({chief}), did not")
+    assert not (tmp_path / "exp").exists()
+    assert time.monotonic() - started < 60

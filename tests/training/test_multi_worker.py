@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SIZES = [4, 6, 2, 8, 4, 6, 2]
 
 
-def _free_ports(n):
+def free_ports(n):
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
         s.bind(("127.0.0.1", 0))
@@ -30,7 +30,7 @@ def _free_ports(n):
 def run_workers(cmd, cwd, count=2, timeout=300, env=None):
     """Runs `cmd` as `count` MultiWorkerMirrored workers on loopback (TF_CONFIG per process);
     returns each worker's stdout, after asserting that all exited 0."""
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(count)]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(count)]
     procs = []
     for index in range(count):
         worker_env = dict(os.environ, **(env or {}), CUDA_VISIBLE_DEVICES="")
@@ -68,3 +68,39 @@ def test_two_workers_equal_union_batch(tmp_path, jit):
     for result in results:
         assert int(result["iterations"]) == 3
         assert_weights_close([result[f"final_{i}"] for i in range(n_vars)], want)
+
+
+# --- `asrkit train --workers` as a user runs it, and faults -----------------------------
+
+ASRKIT = Path(sys.executable).parent / "asrkit"
+
+
+def start_workers(args, cwd, count=2):
+    """`asrkit train ARGS --workers ... --worker-index i` for each i, as real processes."""
+    workers = ",".join(f"127.0.0.1:{p}" for p in free_ports(count))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    return [
+        subprocess.Popen(
+            [ASRKIT, "train", *args, "--workers", workers, "--worker-index", str(i)],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(count)
+    ]
+
+
+def finish(procs, timeout=300):
+    """Each process's (returncode, stdout, stderr), all of them killed on a timeout."""
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return results

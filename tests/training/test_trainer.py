@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.checkpoints import CheckpointManager
+from asrkit.checkpoints import CheckpointManager, checkpoint_damage
 from asrkit.config import load_config
 from asrkit.data.manifest import read_manifest
 from asrkit.data.records import write_shards
@@ -734,3 +734,138 @@ def test_too_little_disk_for_checkpoints_fails_before_the_first_update(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--exp-dir {exp}/checkpoints: 1.00 KiB free, about" in err[0], err
     assert not list(exp.glob("checkpoints/ckpt-*"))
+
+
+# --- two workers (`asrkit train --workers`): a worker lost, the chief killed mid-save ------
+
+TWO_WORKERS = ["--config", "conf.yaml", "--set", "train.epochs=3"]
+
+
+@pytest.fixture(scope="module")
+def two_workers_uninterrupted(workdir):
+    from tests.training.test_multi_worker import finish, start_workers
+
+    exp = workdir / "exp_two"
+    results = finish(start_workers([*TWO_WORKERS, "--exp-dir", str(exp)], workdir))
+    assert all(code == 0 for code, _, _ in results), results[0][2][-3000:]
+    return exp
+
+
+def _lost_worker_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err[-3000:]
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_window_stops_the_other_then_a_rerun_ends_identical(
+    workdir, two_workers_uninterrupted
+):
+    """SIGKILL to worker 1 at a random moment (the tiny model spends most of its time in
+    windows): the chief ends within a bounded time with one line naming worker 1 and the
+    checkpoint to resume from, exit 3; the same command again finishes the job with weights
+    bit-identical to an uninterrupted two-worker run."""
+    from tests.training.test_multi_worker import finish, start_workers
+
+    exp = workdir / "exp_lost_worker"
+    args = [*TWO_WORKERS, "--exp-dir", str(exp)]
+    procs = start_workers(args, workdir)
+    _wait_for_checkpoints(exp, 3)
+    procs[1].kill()
+    killed = time.monotonic()
+    ((code, _, err),) = finish(procs[:1], timeout=120)
+    took = time.monotonic() - killed
+    procs[1].wait()
+    line = _lost_worker_line(err)
+    assert code == 3 and took < 60, (code, took, line)
+    latest = CheckpointManager(exp / "checkpoints").latest()
+    assert "worker 1 (127.0.0.1:" in line and "stopped answering" in line
+    assert f"the last complete checkpoint is {latest.name}" in line
+
+    results = finish(start_workers(args, workdir))
+    assert [code for code, _, _ in results] == [0, 0], results[0][2][-3000:]
+    assert f"resumed from {latest.name}" in results[0][1]
+    _assert_same_final_weights(two_workers_uninterrupted, exp)
+
+
+@pytest.mark.slow
+def test_the_chief_killed_while_writing_a_checkpoint_resumes_from_the_one_before(
+    workdir, two_workers_uninterrupted
+):
+    """SIGKILL to the chief while a checkpoint is half-written (its `.tmp` directory there):
+    the checkpoints before it stay intact, the other worker ends with exit 3 naming the
+    chief, and the rerun resumes from the last complete one and ends bit-identical."""
+    from tests.training.test_multi_worker import finish, start_workers
+
+    exp = workdir / "exp_chief_killed"
+    args = [*TWO_WORKERS, "--exp-dir", str(exp)]
+    for _attempt in range(5):  # until the kill lands inside a save
+        shutil.rmtree(exp, ignore_errors=True)
+        procs = start_workers(args, workdir)
+        half = _first_half_written_checkpoint(exp, procs[0])
+        if half is not None:
+            procs[0].kill()
+            procs[0].wait()
+            if half.exists():
+                break
+        finish(procs, timeout=120)
+    else:
+        pytest.fail("no kill landed while a checkpoint was being written")
+    ((code, _, err),) = finish(procs[1:], timeout=120)
+    line = _lost_worker_line(err)
+    assert code == 3 and "worker 0 (127.0.0.1:" in line, line
+    complete = CheckpointManager(exp / "checkpoints").checkpoints()
+    # (at an epoch's end the checkpoint of its last window is written again, with the
+    # epoch counted: the kill can land in that rewrite, which keeps the first version)
+    assert complete and complete[-1].name <= half.name.removesuffix(".tmp")
+    assert all(checkpoint_damage(c) is None for c in complete)
+
+    results = finish(start_workers(args, workdir))
+    assert [code for code, _, _ in results] == [0, 0], results[0][2][-3000:]
+    assert f"resumed from {complete[-1].name}" in results[0][1]
+    _assert_same_final_weights(two_workers_uninterrupted, exp)
+
+
+def _first_half_written_checkpoint(exp: Path, proc, seconds: float = 120) -> Path | None:
+    """The first `ckpt-*.tmp` directory seen after two complete checkpoints (polled every
+    millisecond), or None if the run ended first."""
+    deadline = time.monotonic() + seconds
+    checkpoints = exp / "checkpoints"
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            names = os.listdir(checkpoints)
+        except FileNotFoundError:
+            names = []
+        complete = sum(1 for n in names if n.startswith("ckpt-") and "." not in n)
+        half = [n for n in names if n.endswith(".tmp")]
+        if complete >= 2 and half:
+            return checkpoints / half[0]
+        time.sleep(0.001)
+    return None
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_worker_stops_both_at_one_window_and_resumes_identically(
+    workdir, two_workers_uninterrupted
+):
+    """A preempted machine: SIGTERM to worker 1 only. Both stop after the same window (the
+    workers agree at every window boundary), the chief writes the checkpoint, both exit 0;
+    the same command again ends bit-identical to the uninterrupted run."""
+    from tests.training.test_multi_worker import finish, start_workers
+
+    exp = workdir / "exp_term_one"
+    args = [*TWO_WORKERS, "--exp-dir", str(exp)]
+    procs = start_workers(args, workdir)
+    _wait_for_checkpoints(exp, 2)
+    procs[1].send_signal(signal.SIGTERM)
+    results = finish(procs, timeout=120)
+    assert [code for code, _, _ in results] == [0, 0], results[0][2][-3000:]
+    stopped = [line for line in results[0][1].splitlines() if line.startswith("stopped by")]
+    assert len(stopped) == 1 and "a signal to another worker" in stopped[0], results[0][1]
+    latest = CheckpointManager(exp / "checkpoints").latest()
+    assert latest.name in stopped[0]
+    assert latest.name < CheckpointManager(two_workers_uninterrupted / "checkpoints").latest().name
+
+    results = finish(start_workers(args, workdir))
+    assert [code for code, _, _ in results] == [0, 0], results[0][2][-3000:]
+    _assert_same_final_weights(two_workers_uninterrupted, exp)
