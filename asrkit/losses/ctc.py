@@ -40,8 +40,13 @@ def ctc_losses(logits, labels, logit_lengths, label_lengths, *, blank: int = 0):
     safe_lengths = tf.where(feasible, label_lengths, tf.zeros_like(label_lengths))
     positions = tf.range(tf.shape(labels)[1])[None, :]
     safe_labels = tf.where(positions < safe_lengths[:, None], labels, tf.zeros_like(labels))
-    losses = tf.nn.ctc_loss(
-        safe_labels, tf.cast(logits, tf.float32), safe_lengths, logit_lengths,
-        logits_time_major=False, blank_index=blank,
-    )  # fmt: skip
+
+    def score():
+        return tf.nn.ctc_loss(
+            safe_labels, tf.cast(logits, tf.float32), safe_lengths, logit_lengths,
+            logits_time_major=False, blank_index=blank,
+        )  # fmt: skip
+
+    # A replica's empty share of a micro-batch: TensorFlow's CTC kernel fails on B = 0.
+    losses = tf.cond(tf.shape(logits)[0] > 0, score, lambda: tf.zeros([0], tf.float32))
     return tf.where(feasible, losses, tf.zeros_like(losses))

@@ -84,12 +84,14 @@ def _conformer_task(conv_norm: str) -> TransducerTask:
         keras.utils.set_random_seed(2)
         loss = LossConfig(kind="tdt", sigma=0.05, chunk_mb=0.01) if tdt else None
         return TransducerTask(Transducer(9, config), loss)
+    hybrid = conv_norm == "hybrid"  # LayerNorm, and a CTC head with its loss
     encoder = EncoderConfig(kind="conformer", d_model=16, num_blocks=1, num_heads=2,
                             kernel_size=5, subsampling_filters=8, dropout=0.0,
-                            conv_norm=conv_norm, final_norm="block")  # fmt: skip
-    config = dataclasses.replace(tiny_model_config(), encoder=encoder)
+                            conv_norm="layer" if hybrid else conv_norm,
+                            final_norm="block")  # fmt: skip
+    config = dataclasses.replace(tiny_model_config(), encoder=encoder, ctc_head=hybrid)
     keras.utils.set_random_seed(2)
-    return TransducerTask(Transducer(9, config))
+    return TransducerTask(Transducer(9, config), LossConfig(ctc_weight=0.3) if hybrid else None)
 
 
 def _utterances(count: int, seed: int):
@@ -139,7 +141,7 @@ def _union_update(conv_norm, initial, batches):
 @pytest.mark.parametrize("conv_norm", [pytest.param("layer", marks=pytest.mark.slow),
                                        "frozen_batch",
                                        pytest.param("nemo", marks=pytest.mark.slow),
-                                       "nemo_tdt"])  # fmt: skip
+                                       "nemo_tdt", "hybrid"])  # fmt: skip
 def test_a_conformer_update_with_an_empty_share_equals_the_union_batch(mirrored, conv_norm):
     """Two replicas, micro-batches of 4 and 1 utterances: replica 1's share of the second is
     empty. The update equals the union batch's; frozen BatchNorm statistics do not move."""
