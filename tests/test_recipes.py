@@ -199,3 +199,56 @@ def test_finetune_recipe_refuses_wrong_arguments_in_one_line(tmp_path):
         assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
     written = (tmp_path / "w/data/train.jsonl").read_text()
     assert json.loads(written)["audio_path"] == str(tmp_path / "a.flac")  # from where it ran
+
+
+@pytest.mark.slow
+def test_mini_recipe_trained_on_two_workers_scores_as_on_one_with_the_same_global_batch(
+    tmp_path,
+):
+    """The tiny recipe's data stages, then its training (the demo's Conformer, shrunk; CTC
+    head, SpecAugment, joined utterances) as two `asrkit train --workers` processes on
+    loopback, and as one process whose micro-batch holds both workers' shares. Dropout off,
+    so the two must reach the same weights (the accumulation contract across workers): the
+    same update count, dev WER and greedy hypotheses, character for character (3 epochs of
+    a tiny model emit long, wrong ones: hundreds of symbols that must all agree). With
+    dropout on they differ within seed noise (RESULTS.md, "Several workers")."""
+    from asrkit.checkpoints import CheckpointManager
+    from tests.training.test_multi_worker import finish, start_workers
+
+    asrkit = Path(sys.executable).parent / "asrkit"
+    work = tmp_path / "w"
+    data = subprocess.run(
+        ["bash", str(ROOT / "recipes/mini/run.sh"), "--work", str(work), "--preset", "tiny",
+         "--stop-stage", "3"],
+        env=dict(os.environ, ASRKIT=str(asrkit), ASRKIT_NO_APT="1"), capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert data.returncode == 0, data.stdout[-2000:] + data.stderr[-3000:]
+    common = ["--config", str(ROOT / "recipes/mini/conf/conformer_cpu.yaml")]
+    for item in [*TINY_MODEL, "model.encoder.dropout=0", "model.predictor.dropout=0",
+                 "train.epochs=3", "train.accumulation_steps=2"]:  # fmt: skip
+        common += ["--set", item]
+    # 13 s per replica holds every joined run (<= 12 s): each global micro-batch is the same
+    alone = subprocess.run(
+        [asrkit, "train", *common, "--exp-dir", "one", "--set", "data.batch_seconds=26"],
+        cwd=work, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    two = finish(start_workers([*common, "--exp-dir", "two", "--set", "data.batch_seconds=13"],
+                               work), timeout=600)  # fmt: skip
+    assert [code for code, _, _ in two] == [0, 0], two[0][2][-2000:] + two[1][2][-3000:]
+    assert "x 2 replica(s)" in two[0][1]
+
+    scores = {}
+    for exp in ("one", "two"):
+        latest = CheckpointManager(work / exp / "checkpoints").latest()
+        state = json.loads((latest / "state.json").read_text())
+        done = subprocess.run(
+            [asrkit, "decode", "--exp-dir", exp, "--shards", "shards/dev", "--out",
+             f"{exp}/decode_dev"], cwd=work, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        wer = json.loads((work / exp / "decode_dev/wer.json").read_text())["wer"]
+        scores[exp] = (state["updates"], wer, (work / exp / "decode_dev/hyp.txt").read_text())
+    assert scores["one"][0] == scores["two"][0] > 0
+    assert scores["one"][1:] == scores["two"][1:]
