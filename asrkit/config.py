@@ -486,9 +486,13 @@ class DecodeConfig:
     """Search settings an experiment decodes with by default (dev WER, decode, export)."""
 
     max_symbols_per_step: int = 3  # per encoder frame; 1 = k2's modified beam search
+    # word boosting (`--boost`): bonus per piece of a phrase, in nats, where its line gives
+    # none (2.0, icefall's default, over-boosted the mini recipe's model)
+    boost_weight: float = 1.0
 
     def __post_init__(self):
         _at_least(self, "decode", max_symbols_per_step=1)
+        _at_least(self, "decode", boost_weight=0)
 
 
 # The version of the config schema (and of the checkpoints' state.json). A recorded

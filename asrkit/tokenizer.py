@@ -78,6 +78,16 @@ class Tokenizer:
         """Token ids of `text` (Unicode NFC; lower-cased for a lower-case model)."""
         return self._sp.encode(self._prepared(text))
 
+    def segmentations(self, text: str, n: int) -> list[list[int]]:
+        """Up to `n` ways to write `text` in pieces, the most likely first (a unigram model's
+        n-best; other models: their one encoding)."""
+        prepared = self._prepared(text)
+        if self.settings.model_type == "unigram" and n > 1:
+            found = self._sp.nbest_encode(prepared, nbest_size=n)
+            if found:
+                return [list(ids) for ids in found]
+        return [self._sp.encode(prepared)]
+
     def unknown(self, text: str) -> list[str]:
         """Each character of `text` this tokenizer can only encode as `<unk>` (its pieces do
         not hold it), once per occurrence: what a model trained on it could never emit."""

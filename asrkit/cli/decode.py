@@ -9,6 +9,7 @@ from asrkit.cli.options import (
     add_chunk_argument,
     add_search_arguments,
     add_weights_arguments,
+    boost_for,
     check_search_arguments,
     search_options,
 )
@@ -54,19 +55,22 @@ def run(args: argparse.Namespace) -> int:
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, args.chunk_frames)
     network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     options = search_options(args, config.decode.max_symbols_per_step, config.model)
+    boost = boost_for(args, network, tokenizer, config)
     if args.shards:
         check_shards(args.shards, config, tokenizer)
         report = decode_shards(
             network, args.shards, tokenizer, pipeline_config(config), experiment.normalizer,
-            options, config.features.num_mel_bins, args.normalizer,
+            options, config.features.num_mel_bins, args.normalizer, boost,
         )  # fmt: skip
     else:
         report = decode_manifest(
-            network, args.manifest, tokenizer, config, options, args.normalizer
+            network, args.manifest, tokenizer, config, options, args.normalizer, boost
         )
     r = report.rates
     weights = experiment.weights
     method = f"beam {args.beam}" if args.method == "beam" else args.method
+    if args.boost:
+        method += f", boosting {args.boost}"
     summary = (
         f"{args.shards or args.manifest}: {method}, weights {weights}: WER {r.wer * 100:.2f} % "
         f"(S {r.substitutions}, D {r.deletions}, I {r.insertions} of {r.words} words), "

@@ -19,6 +19,12 @@ def add_search_arguments(parser, help: str | None = None) -> None:
                         help=help or "greedy or beam search, or greedy CTC search (a hybrid "
                         "model's CTC head)")  # fmt: skip
     parser.add_argument("--beam", type=int, default=4, help="beam size (--method beam)")
+    parser.add_argument("--boost", metavar="FILE",
+                        help="word boosting: a phrase per line, or phrase<TAB>weight "
+                        "(RNN-T greedy and beam search)")  # fmt: skip
+    parser.add_argument("--boost-weight", type=float, metavar="W",
+                        help="bonus per piece of a boosted phrase, in nats, where its line "
+                        "gives none (default: the experiment's decode.boost_weight)")  # fmt: skip
 
 
 def check_search_arguments(args: argparse.Namespace) -> None:
@@ -28,6 +34,17 @@ def check_search_arguments(args: argparse.Namespace) -> None:
 
     if args.beam < 1:
         raise InputError(f"--beam must be >= 1, got {args.beam}")
+    if getattr(args, "boost", None):
+        import math
+
+        from asrkit.decoding.boosting import read_phrases
+
+        weight = args.boost_weight
+        if weight is not None and (not math.isfinite(weight) or weight < 0):
+            raise InputError(f"--boost-weight must be a number >= 0, got {weight}")
+        if args.method == "ctc":
+            raise InputError("--boost works in greedy and beam search, not --method ctc")
+        read_phrases(args.boost)  # its mistakes before any model loads
     nbest = getattr(args, "nbest", 0)
     if nbest > 1 and args.method in ("greedy", "ctc") and not getattr(args, "model", None):
         raise InputError(
@@ -88,3 +105,18 @@ def add_chunk_argument(parser) -> None:
              "with chunks of N encoder frames (40 ms each; 0: full context) instead of "
              "model.encoder.chunk_frames",
     )  # fmt: skip
+
+
+def boost_for(args: argparse.Namespace, network, tokenizer, config):
+    """The word-boosting tables `--boost` asks for (None without it); `config`: the
+    experiment's, whose decode.boost_weight applies unless --boost-weight is given."""
+    if not getattr(args, "boost", None):
+        return None
+    from asrkit.decoding.boosting import load_boost
+    from asrkit.decoding.search import BOOST_UNSUPPORTED
+    from asrkit.errors import InputError
+
+    if network.joint.durations:
+        raise InputError(BOOST_UNSUPPORTED)
+    weight = config.decode.boost_weight if args.boost_weight is None else args.boost_weight
+    return load_boost(args.boost, tokenizer, network.vocab_size, weight)

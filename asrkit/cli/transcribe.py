@@ -11,6 +11,7 @@ from asrkit.cli.options import (
     add_chunk_argument,
     add_search_arguments,
     add_weights_arguments,
+    boost_for,
     check_search_arguments,
     search_options,
 )
@@ -72,6 +73,11 @@ def run(args: argparse.Namespace) -> int:
     if args.nbest < 0:
         raise InputError(f"--nbest must be >= 0, got {args.nbest}")
     check_search_arguments(args)
+    if args.boost and (args.model or args.streaming):
+        raise InputError(
+            "--boost works with --exp-dir on whole files for now; an export's search and "
+            "--streaming do not take phrases yet"
+        )
     if args.model and args.nbest > 1:
         _check_export_finds(args.model, args.nbest)
     if bool(args.files) == bool(args.manifest):
@@ -187,7 +193,8 @@ def _experiment_recogniser(args):
     )
     config = experiment.config
     options = search_options(args, config.decode.max_symbols_per_step, config.model)
-    return NetworkRecogniser.of(experiment, options)
+    boost = boost_for(args, experiment.network, experiment.tokenizer, config)
+    return NetworkRecogniser.of(experiment, options, boost)
 
 
 def _check_export_finds(model: str, nbest: int) -> None:

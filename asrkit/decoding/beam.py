@@ -36,18 +36,27 @@ _HASH_MULTIPLIER = 1_000_003
 
 
 def beam_search(
-    model, encoded, encoder_lengths, beam: int = 4, max_symbols_per_step: int = SYMBOLS
-):
+    model, encoded, encoder_lengths, beam: int = 4, max_symbols_per_step: int = SYMBOLS,
+    boost=None,
+):  # fmt: skip
     """encoded [B, T, D] -> `Found`: tokens/frames/token_log_probs [B, K, T·S], counts and
     scores [B, K].
 
     Hypotheses are sorted best first; token slots past counts[b, k] hold -1; a score is
     the log-probability of the hypothesis (summed over the alignments merged into it); a
     token's log-prob is the joint's log-posterior of it on the alignment that was kept.
+    With `boost` (`BoostTables` as tensors) a score also holds the hypothesis's word-boosting
+    bonus (`asrkit.decoding.boosting`), open matches taken back at the end.
     """
     beams = beam_start(model, tf.shape(encoded)[0], beam)
-    beams = beam_continue(model, encoded, encoder_lengths, beams, max_symbols_per_step)
-    return beam_found(beams)
+    if boost is None:
+        beams = beam_continue(model, encoded, encoder_lengths, beams, max_symbols_per_step)
+        return beam_found(beams)
+    where = tf.zeros_like(beams.counts)
+    beams, where = beam_continue(
+        model, encoded, encoder_lengths, beams, max_symbols_per_step, boost=(boost, where)
+    )
+    return beam_found(beams._replace(scores=beams.scores + tf.gather(boost.final, where)))
 
 
 def with_room(beams: Beams, tokens) -> Beams:
@@ -86,35 +95,40 @@ def beam_continue(
     beams: Beams,
     max_symbols_per_step: int = SYMBOLS,
     first_frame=0,
-) -> Beams:
+    boost=None,
+):
     """The search over `encoded` from `beams` (`beam_start`, or what an earlier call on the
     frames before returned). Token frames count from `first_frame`, so a stream searched
-    piece by piece keeps exactly the hypotheses one call on the whole utterance keeps."""
+    piece by piece keeps exactly the hypotheses one call on the whole utterance keeps.
+    `boost`: (boost tables as tensors, [B, K] automaton states) -> returns (beams, states)."""
     num_frames = tf.shape(encoded)[1]
     rounds = int(max_symbols_per_step)
     beams = with_room(beams, num_frames * rounds)  # S tokens per new frame
     slot = tf.range(tf.shape(beams.scores)[1])
+    tables, where = boost if boost is not None else (None, tf.zeros_like(beams.counts))
 
-    def frame_body(t, entering):
+    def frame_body(t, entering, where):
         not_done = tf.zeros_like(entering.counts, tf.bool)
         scores = merge_equal(entering.scores, [entering.hashes, entering.counts, not_done], slot)
         beams = entering._replace(scores=scores)
         done = tf.tile(~(t < encoder_lengths)[:, None], [1, tf.size(slot)])  # past the end
         frame = tf.repeat(encoded[:, t, :], tf.size(slot), axis=0)  # [B·K, D]
 
-        def round_body(s, done, beams):
+        def round_body(s, done, beams, where):
             last_round = s == rounds - 1
-            return (s + 1, *_expand(model, frame, t + first_frame, last_round, done, beams, slot))
+            expanded = _expand(model, frame, t + first_frame, last_round, done, beams, slot,
+                               tables, where)  # fmt: skip
+            return (s + 1, *expanded)
 
-        _, _, beams = tf.while_loop(
-            lambda s, done, _: tf.logical_and(s < rounds, ~tf.reduce_all(done)),
+        _, _, beams, where = tf.while_loop(
+            lambda s, done, *_: tf.logical_and(s < rounds, ~tf.reduce_all(done)),
             round_body,
-            [0, done, beams],
+            [0, done, beams, where],
         )
-        return t + 1, same_shapes(beams, entering)
+        return t + 1, same_shapes(beams, entering), where
 
-    _, beams = tf.while_loop(lambda t, _: t < num_frames, frame_body, [0, beams])
-    return beams
+    _, beams, where = tf.while_loop(lambda t, *_: t < num_frames, frame_body, [0, beams, where])
+    return beams if boost is None else (beams, where)
 
 
 def beam_found(beams: Beams) -> Found:
@@ -145,14 +159,17 @@ class Beams(NamedTuple):
     hashes: tf.Tensor  # [B, K]
 
 
-def _expand(model, frame, t, last_round, done, beams: Beams, slot):
+def _expand(model, frame, t, last_round, done, beams: Beams, slot, boost=None, where=None):
     """One round at frame t: every unfinished hypothesis x every symbol, finished ones as
-    they are; keep the K best, merge equal sequences, advance the predictor."""
+    they are; keep the K best, merge equal sequences, advance the predictor (and, with
+    `boost` tables, each hypothesis's automaton state `where` [B, K])."""
     batch, k = tf.shape(beams.scores)[0], tf.size(slot)
     log_probs = tf.nn.log_softmax(tf.cast(model.join(frame, beams.pred_out), tf.float32))
     vocab = tf.shape(log_probs)[-1]
     log_probs = tf.reshape(log_probs, [batch, k, vocab])
     extended = beams.scores[:, :, None] + log_probs
+    if boost is not None:
+        extended += tf.gather(boost.bonus, where)  # [B, K, V]; blank earns nothing
     extended = tf.where(done[:, :, None], DEAD_SCORE, extended)
     stay = tf.where(done, beams.scores, DEAD_SCORE)[:, :, None]
     candidates = tf.reshape(tf.concat([stay, extended], axis=2), [batch, k * (vocab + 1)])
@@ -167,7 +184,11 @@ def _expand(model, frame, t, last_round, done, beams: Beams, slot):
     )
     new = extend(model, beams, parent, symbol, emit, t, symbol_log_prob)
     new = new._replace(scores=merge_equal(top_scores, [new.hashes, new.counts, new_done], slot))
-    return new_done, same_shapes(new, beams)
+    if boost is not None:  # equal sequences are in one automaton state: merging keeps it
+        kept = tf.gather(where, parent, batch_dims=1)
+        stepped = tf.gather_nd(boost.next_state, tf.stack([kept, tf.maximum(symbol, 0)], -1))
+        where = tf.where(emit, stepped, kept)
+    return new_done, same_shapes(new, beams), where
 
 
 def extend(model, beams: Beams, parent, symbol, emit, t, symbol_log_prob) -> Beams:

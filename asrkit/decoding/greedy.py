@@ -21,19 +21,21 @@ WINDOW = 8  # frames a greedy step looks ahead for the next non-blank symbol
 
 
 def greedy_search(
-    model, encoded, encoder_lengths, max_symbols_per_step: int = SYMBOLS, window: int = WINDOW
-):
+    model, encoded, encoder_lengths, max_symbols_per_step: int = SYMBOLS, window: int = WINDOW,
+    boost=None,
+):  # fmt: skip
     """encoded [B, T, D] -> `Found` with tokens/frames/token_log_probs [B, T·S], counts [B],
     scores [B].
 
     Token slots past counts[b] hold -1 (log-probs 0). A token's log-prob is the joint's
     log-posterior of that symbol where it was emitted. Runs as one tf.while_loop whose
     steps each look `window` frames ahead (`greedy_continue`), so it compiles into one
-    graph.
+    graph. With `boost` (`BoostTables` as tensors) each decision takes the symbol whose
+    log-prob plus word-boosting bonus is highest; log-probs and scores stay the model's.
     """
     start = greedy_start(model, tf.shape(encoded)[0])
     found, _ = greedy_continue(
-        model, encoded, encoder_lengths, start, max_symbols_per_step, window=window
+        model, encoded, encoder_lengths, start, max_symbols_per_step, window=window, boost=boost
     )
     return found
 
@@ -46,7 +48,7 @@ def greedy_start(model, batch):
 
 def greedy_continue(
     model, encoded, encoder_lengths, carry, max_symbols_per_step: int = SYMBOLS, first_frame=0,
-    window: int = WINDOW,
+    window: int = WINDOW, boost=None,
 ):  # fmt: skip
     """Greedy search over `encoded` from a carry (`greedy_start`, or what an earlier call on
     the frames before returned) -> (`Found`, the carry after these frames). Token frames
@@ -71,15 +73,22 @@ def greedy_continue(
         joint.predictor_proj(pred_out), tf.fill([batch, capacity], -1),
         tf.fill([batch, capacity], -1), tf.zeros([batch, capacity], tf.float32),
         tf.zeros([batch], tf.int32), tf.zeros([batch], tf.float32),
+        tf.zeros([batch], tf.int32),  # each row's word-boosting state (with `boost`)
     ]  # fmt: skip
 
-    def body(t, run, pred_out, state, pred_proj, tokens, token_frames, log_ps, counts, scores):
+    def body(t, run, pred_out, state, pred_proj, tokens, token_frames, log_ps, counts, scores,
+             where):  # fmt: skip
         # t: each row's next frame; run: symbols it has emitted at frame t already
         active = t < lengths
         valid, hidden = window_hidden(joint, projected, pred_proj, t, window, lengths)
         log_probs = tf.nn.log_softmax(tf.cast(joint.output_layer(hidden), tf.float32))
-        best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B, W]
-        best_log_prob = tf.reduce_max(log_probs, axis=-1)
+        if boost is None:
+            best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B, W]
+            best_log_prob = tf.reduce_max(log_probs, axis=-1)
+        else:  # the row's state holds until its first emission: one bonus row per window
+            ranked = log_probs + tf.gather(boost.bonus, where)[:, None, :]
+            best = tf.argmax(ranked, axis=-1, output_type=tf.int32)
+            best_log_prob = tf.gather(log_probs, best[..., None], batch_dims=2)[..., 0]
         # the first frame of the window whose best symbol is not blank (window: none)
         first = tf.reduce_min(tf.where(valid & (best != BLANK_ID), offsets, window), axis=1)
         emit = first < window
@@ -93,15 +102,19 @@ def greedy_continue(
             model, emit, symbol, t + first + first_frame, symbol_log_prob,
             (tokens, token_frames, log_ps, counts), (pred_out, state, pred_proj),
         )  # fmt: skip
+        if boost is not None:
+            stepped = tf.gather_nd(boost.next_state, tf.stack([where, symbol], axis=-1))
+            where = tf.where(emit, stepped, where)
         run = tf.where(first > 0, 0, run) + 1
         full = emit & (run >= max_symbols_per_step)  # this frame has had its symbols
         t = tf.where(emit, t + first + tf.cast(full, tf.int32), t + window)
         run = tf.where(emit & ~full, run, 0)
         t = tf.where(active, t, lengths)
-        return t, run, pred_out, state, pred_proj, tokens, token_frames, log_ps, counts, scores
+        return (t, run, pred_out, state, pred_proj, tokens, token_frames, log_ps, counts, scores,
+                where)  # fmt: skip
 
     result = tf.while_loop(lambda t, *_: tf.reduce_any(t < lengths), body, loop)
-    return Found(*result[5:]), (result[2], result[3])
+    return Found(*result[5:10]), (result[2], result[3])
 
 
 def window_hidden(joint, projected, pred_proj, t, window, lengths):

@@ -72,9 +72,10 @@ def decode_shards(
     options: DecodeOptions = DEFAULT_OPTIONS,
     num_mel_bins: int = 80,
     scorer: str = DEFAULT_SCORER,
+    boost=None,
 ) -> DecodeReport:
     batches = _shard_batches(shard_dir, pipe, normalize, num_mel_bins)
-    return _decode(model, batches, tokenizer, options, shard_dir, scorer)
+    return _decode(model, batches, tokenizer, options, shard_dir, scorer, boost)
 
 
 def decode_manifest(
@@ -84,20 +85,25 @@ def decode_manifest(
     config: ExperimentConfig,
     options: DecodeOptions = DEFAULT_OPTIONS,
     scorer: str = DEFAULT_SCORER,
+    boost=None,
 ) -> DecodeReport:
     batches = _manifest_batches(
         manifest, config.features, normalizer_for(config.data.cmvn), config.data.batch_seconds
     )
-    return _decode(model, batches, tokenizer, options, manifest, scorer)
+    return _decode(model, batches, tokenizer, options, manifest, scorer, boost)
 
 
 def _decode(
-    model, batches, tokenizer: Tokenizer, options: DecodeOptions, source, scorer: str
-) -> DecodeReport:
+    model, batches, tokenizer: Tokenizer, options: DecodeOptions, source, scorer: str,
+    boost=None,
+) -> DecodeReport:  # fmt: skip
+    """`boost`: word-boosting tables (`asrkit.decoding.boosting`) or None."""
     start = time.monotonic()
     results, seconds = [], 0.0
     for batch in batches:
-        found = decode_batch(model, batch.features, batch.feature_lengths, tokenizer, options)
+        found = decode_batch(
+            model, batch.features, batch.feature_lengths, tokenizer, options, boost
+        )
         for uid, ref, hyp in zip(batch.ids, batch.references, found, strict=True):
             errors, words = word_errors(ref, hyp.text, scorer)
             results.append(UtteranceResult(uid, ref, hyp.text, hyp.score, errors, words))

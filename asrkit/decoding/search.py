@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.beam import beam_search, live_slots
+from asrkit.decoding.boosting import BoostTables
 from asrkit.decoding.ctc_greedy import ctc_greedy_search
 from asrkit.decoding.found import Found
 from asrkit.decoding.greedy import greedy_search
@@ -55,26 +56,33 @@ DEFAULT_OPTIONS = DecodeOptions()
 
 
 def decode_batch(
-    model, features, feature_lengths, tokenizer=None, options: DecodeOptions | None = None
-) -> list[Hypothesis]:
-    """features [B, T, F], feature_lengths [B] -> the best `Hypothesis` of each utterance."""
-    found = _search(model, features, feature_lengths, options)
+    model, features, feature_lengths, tokenizer=None, options: DecodeOptions | None = None,
+    boost: BoostTables | None = None,
+) -> list[Hypothesis]:  # fmt: skip
+    """features [B, T, F], feature_lengths [B] -> the best `Hypothesis` of each utterance
+    (`boost`: word-boosting tables, `asrkit.decoding.boosting`)."""
+    found = _search(model, features, feature_lengths, options, boost)
     return [hypotheses[0] for hypotheses in found_hypotheses(found, tokenizer, limit=1)]
 
 
 def decode_nbest(
-    model, features, feature_lengths, tokenizer=None, options: DecodeOptions | None = None
-) -> list[list[Hypothesis]]:
+    model, features, feature_lengths, tokenizer=None, options: DecodeOptions | None = None,
+    boost: BoostTables | None = None,
+) -> list[list[Hypothesis]]:  # fmt: skip
     """features [B, T, F], feature_lengths [B] -> each utterance's hypotheses, best first
     (beam search: up to `options.beam`, empty beam slots left out; greedy: one)."""
-    found = _search(model, features, feature_lengths, options)
+    found = _search(model, features, feature_lengths, options, boost)
     return found_hypotheses(found, tokenizer)
 
 
-def _search(model, features, feature_lengths, options: DecodeOptions | None) -> Found:
-    return _compiled(model, options or DEFAULT_OPTIONS)(
-        tf.convert_to_tensor(features, tf.float32), tf.convert_to_tensor(feature_lengths, tf.int32)
-    )
+def _search(model, features, feature_lengths, options, boost=None) -> Found:
+    inputs = (tf.convert_to_tensor(features, tf.float32),
+              tf.convert_to_tensor(feature_lengths, tf.int32))  # fmt: skip
+    options = options or DEFAULT_OPTIONS
+    if boost is None:
+        return _compiled(model, options, boosted=False)(*inputs)
+    tables = BoostTables(*(tf.convert_to_tensor(x) for x in boost))
+    return _compiled(model, options, boosted=True)(*inputs, tables)
 
 
 def found_hypotheses(found: Found, tokenizer, limit: int | None = None) -> list[list[Hypothesis]]:
@@ -120,9 +128,12 @@ def beam_decode(
     return decode_batch(model, features, feature_lengths, tokenizer, options)
 
 
-def search(model, encoded, encoder_lengths, options: DecodeOptions) -> Found:
+def search(model, encoded, encoder_lengths, options: DecodeOptions, boost=None) -> Found:
     """Each row's hypotheses as graph tensors, best first: `Found` with a K axis
-    ([B, K, N] tokens, [B, K] counts and scores; K = the beam, or 1 for greedy)."""
+    ([B, K, N] tokens, [B, K] counts and scores; K = the beam, or 1 for greedy).
+    `boost`: word-boosting tables as tensors (RNN-T greedy and beam search)."""
+    if boost is not None and (options.method == "ctc" or model.joint.durations):
+        raise ValueError(BOOST_UNSUPPORTED)
     if options.method == "ctc":
         if model.ctc_head is None:
             raise ValueError(NO_CTC_HEAD)
@@ -136,10 +147,19 @@ def search(model, encoded, encoder_lengths, options: DecodeOptions) -> Found:
         return Found(*(x[:, None] for x in found))
     if options.method == "beam":
         return beam_search(
-            model, encoded, encoder_lengths, options.beam, options.max_symbols_per_step
-        )
-    found = greedy_search(model, encoded, encoder_lengths, options.max_symbols_per_step)
+            model, encoded, encoder_lengths, options.beam, options.max_symbols_per_step,
+            boost=boost,
+        )  # fmt: skip
+    found = greedy_search(
+        model, encoded, encoder_lengths, options.max_symbols_per_step, boost=boost
+    )
     return Found(*(x[:, None] for x in found))
+
+
+BOOST_UNSUPPORTED = (
+    "--boost: word boosting works in RNN-T greedy and beam search; this model's search "
+    "(TDT or --method ctc) does not take it yet"
+)
 
 
 NO_CTC_HEAD = (
@@ -155,14 +175,15 @@ def describe(options: DecodeOptions) -> str:
     return f"{name}, at most {options.max_symbols_per_step} symbol(s) per encoder frame"
 
 
-def _compiled(model, options: DecodeOptions):
+def _compiled(model, options: DecodeOptions, boosted: bool = False):
     cache = model.__dict__.setdefault("_asrkit_search", {})
-    if options not in cache:
+    key = (options, boosted)
+    if key not in cache:
 
         @tf.function(reduce_retracing=True, autograph=False)
-        def run(features, feature_lengths):
+        def run(features, feature_lengths, boost=None):
             encoded, lengths = model.encode(features, feature_lengths, training=False)
-            return search(model, encoded, lengths, options)
+            return search(model, encoded, lengths, options, boost)
 
-        cache[options] = run
-    return cache[options]
+        cache[key] = run
+    return cache[key]

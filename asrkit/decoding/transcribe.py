@@ -69,8 +69,10 @@ class NetworkRecogniser:
         config: ExperimentConfig,
         options=DEFAULT_OPTIONS,
         emission_delay: float = 0.0,
+        boost=None,
     ):
         self.model, self.tokenizer, self.options = model, tokenizer, options
+        self.boost = boost  # word-boosting tables (`asrkit.decoding.boosting`) or None
         self.features = config.features
         self.sample_rate = config.features.sample_rate
         self.clock = FrameClock.of(config.features, emission_delay, config.model.encoder)
@@ -78,18 +80,19 @@ class NetworkRecogniser:
         self.pieces = tokenizer.surface_pieces()
 
     @classmethod
-    def of(cls, experiment, options=DEFAULT_OPTIONS) -> NetworkRecogniser:
+    def of(cls, experiment, options=DEFAULT_OPTIONS, boost=None) -> NetworkRecogniser:
         """A loaded `asrkit.experiment.Experiment`, with its emission delay."""
         return cls(
             experiment.network, experiment.tokenizer, experiment.config, options,
-            experiment.emission_delay,
+            experiment.emission_delay, boost,
         )  # fmt: skip
 
     def __call__(self, waveforms: list[np.ndarray]) -> list[Decoded]:
         batch = featurise_samples(waveforms, self.features, self.normalize)
         found = decode_nbest(
-            self.model, batch.features, batch.feature_lengths, self.tokenizer, self.options
-        )
+            self.model, batch.features, batch.feature_lengths, self.tokenizer, self.options,
+            self.boost,
+        )  # fmt: skip
         alignments = align([hyps[0] for hyps in found], self.pieces, self.clock)
         return [
             Decoded(hyps[0], alignment, hyps)

@@ -80,6 +80,14 @@ def _one_error_line(capsys, command: str) -> str:
          "--worker-index needs --workers"),
         (["train", "--exp-dir", "{tmp}/e", "--start-timeout", "0"], "train",
          "--start-timeout 0: give seconds > 0"),
+        (["decode", "--exp-dir", "{tmp}/nowhere", "--manifest", "m.jsonl", "--boost",
+          "{tmp}/none.txt"], "decode", "--boost {tmp}/none.txt: no such phrase list"),
+        (["decode", "--exp-dir", "{tmp}/nowhere", "--manifest", "m.jsonl", "--boost",
+          "{tmp}/boost.txt"], "decode", "--boost {tmp}/boost.txt:2: weight 'much' is not"),
+        (["transcribe", "--exp-dir", "{tmp}/nowhere", "--boost", "{tmp}/bad.yaml",
+          "--boost-weight", "-2", "{clip}"], "transcribe", "--boost-weight must be a number >= 0"),
+        (["transcribe", "--exp-dir", "{tmp}/nowhere", "--boost", "{tmp}/bad.yaml",
+          "--method", "ctc", "{clip}"], "transcribe", "--boost works in greedy and beam search"),
         (["plan", "--exp-dir", "{tmp}/new", "--memory", "2GiB"], "plan",
          "--exp-dir {tmp}/new: not an experiment yet (no config.yaml); give the model and "
          "data to use with --config CONF"),
@@ -88,6 +96,7 @@ def _one_error_line(capsys, command: str) -> str:
 def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, command, names):
     (tmp_path / "bad.yaml").write_text("train:\n  epoch: 3\n")
     (tmp_path / "broken.yaml").write_text("train:\n  epochs: 3\n  lr: 1: 2\n")
+    (tmp_path / "boost.txt").write_text("NEW YORK\nKUBERNETES\tmuch\n")
     one = {"id": "u1", "audio_path": f"{tmp_path}/u1.flac", "duration": 1.0, "text": "A",
            "speaker": "1"}  # fmt: skip
     (tmp_path / "one.jsonl").write_text(json.dumps(one) + "\n")

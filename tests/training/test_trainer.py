@@ -869,3 +869,29 @@ def test_sigterm_to_one_worker_stops_both_at_one_window_and_resumes_identically(
     results = finish(start_workers(args, workdir))
     assert [code for code, _, _ in results] == [0, 0], results[0][2][-3000:]
     _assert_same_final_weights(two_workers_uninterrupted, exp)
+
+
+def test_decode_and_transcribe_boost_a_phrase_list(workdir, uninterrupted, tmp_path):
+    """`--boost` reaches the search from both commands: a phrase boosted far past the model's
+    own odds is in every hypothesis; weight 0 gives the unboosted hypotheses."""
+    from asrkit.cli.main import main
+
+    exp, dev = workdir / "exp_a", workdir / "shards" / "dev"
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("tarot\n")
+
+    def decode(name, *extra):
+        argv = ["decode", "--exp-dir", str(exp), "--shards", str(dev), "--out",
+                str(tmp_path / name), *extra]  # fmt: skip
+        assert main(argv) == 0
+        return [line.split(" ", 1)[1:] for line in (tmp_path / name / "hyp.txt").open()]
+
+    plain = decode("plain")
+    assert decode("zero", "--boost", str(phrases), "--boost-weight", "0") == plain
+    boosted = decode("boosted", "--boost", str(phrases), "--boost-weight", "30")
+    assert boosted != plain and all("TAROT" in hyp[0] for hyp in boosted), boosted
+    audio = sorted((workdir / "corpus").rglob("*.flac"))[0]
+    out = tmp_path / "t"
+    assert main(["transcribe", "--exp-dir", str(exp), "--boost", str(phrases),
+                 "--boost-weight", "30", "--out-dir", str(out), str(audio)]) == 0  # fmt: skip
+    assert "TAROT" in (out / f"{audio.stem}.txt").read_text()
