@@ -21,7 +21,7 @@ def add_search_arguments(parser, help: str | None = None) -> None:
     parser.add_argument("--beam", type=int, default=4, help="beam size (--method beam)")
     parser.add_argument("--boost", metavar="FILE",
                         help="word boosting: a phrase per line, or phrase<TAB>weight "
-                        "(RNN-T greedy and beam search)")  # fmt: skip
+                        "(greedy and beam search)")  # fmt: skip
     parser.add_argument("--boost-weight", type=float, metavar="W",
                         help="bonus per piece of a boosted phrase, in nats, where its line "
                         "gives none (default: the experiment's decode.boost_weight)")  # fmt: skip
@@ -113,10 +113,6 @@ def boost_for(args: argparse.Namespace, network, tokenizer, config):
     if not getattr(args, "boost", None):
         return None
     from asrkit.decoding.boosting import load_boost
-    from asrkit.decoding.search import BOOST_UNSUPPORTED
-    from asrkit.errors import InputError
 
-    if network.joint.durations:
-        raise InputError(BOOST_UNSUPPORTED)
     weight = config.decode.boost_weight if args.boost_weight is None else args.boost_weight
     return load_boost(args.boost, tokenizer, network.vocab_size, weight)

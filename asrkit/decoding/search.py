@@ -131,8 +131,8 @@ def beam_decode(
 def search(model, encoded, encoder_lengths, options: DecodeOptions, boost=None) -> Found:
     """Each row's hypotheses as graph tensors, best first: `Found` with a K axis
     ([B, K, N] tokens, [B, K] counts and scores; K = the beam, or 1 for greedy).
-    `boost`: word-boosting tables as tensors (RNN-T greedy and beam search)."""
-    if boost is not None and (options.method == "ctc" or model.joint.durations):
+    `boost`: word-boosting tables as tensors (greedy and beam search, RNN-T and TDT)."""
+    if boost is not None and options.method == "ctc":
         raise ValueError(BOOST_UNSUPPORTED)
     if options.method == "ctc":
         if model.ctc_head is None:
@@ -140,10 +140,12 @@ def search(model, encoded, encoder_lengths, options: DecodeOptions, boost=None) 
         return Found(*(x[:, None] for x in ctc_greedy_search(model, encoded, encoder_lengths)))
     if model.joint.durations and options.method == "beam":
         return tdt_beam_search(
-            model, encoded, encoder_lengths, options.beam, options.max_symbols_per_step
+            model, encoded, encoder_lengths, options.beam, options.max_symbols_per_step, boost
         )
     if model.joint.durations:
-        found = tdt_greedy_search(model, encoded, encoder_lengths, options.max_symbols_per_step)
+        found = tdt_greedy_search(
+            model, encoded, encoder_lengths, options.max_symbols_per_step, boost=boost
+        )
         return Found(*(x[:, None] for x in found))
     if options.method == "beam":
         return beam_search(
@@ -156,10 +158,7 @@ def search(model, encoded, encoder_lengths, options: DecodeOptions, boost=None) 
     return Found(*(x[:, None] for x in found))
 
 
-BOOST_UNSUPPORTED = (
-    "--boost: word boosting works in RNN-T greedy and beam search; this model's search "
-    "(TDT or --method ctc) does not take it yet"
-)
+BOOST_UNSUPPORTED = "--boost works in greedy and beam search, not --method ctc"
 
 
 NO_CTC_HEAD = (

@@ -37,11 +37,12 @@ SYMBOLS = DecodeConfig.max_symbols_per_step
 
 
 def tdt_beam_search(
-    model, encoded, encoder_lengths, beam: int = 4, max_symbols_per_step: int = SYMBOLS
-):
+    model, encoded, encoder_lengths, beam: int = 4, max_symbols_per_step: int = SYMBOLS,
+    boost=None,
+):  # fmt: skip
     """encoded [B, T, D] -> `Found` with a K axis, best first (see `beam_search`); a score
     is the log-probability of the hypothesis: its (symbol, duration) decisions, summed over
-    the paths merged into it."""
+    the paths merged into it, plus (with `boost` tables) its word-boosting bonus."""
     k = int(beam)
     batch, num_frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
     durations = tf.constant(list(model.config.durations), tf.int32)
@@ -55,10 +56,10 @@ def tdt_beam_search(
     def active(beams, time):
         return (time < lengths) & (beams.scores > DEAD_SCORE / 2)
 
-    def cond(beams, time, run):
+    def cond(beams, time, run, where):
         return tf.reduce_any(active(beams, time))
 
-    def body(beams, time, run):
+    def body(beams, time, run, where):
         live = active(beams, time)
         at = tf.clip_by_value(time, 0, tf.maximum(num_frames - 1, 0))
         frame = tf.reshape(tf.gather(encoded, at, batch_dims=1), [batch * k, -1])
@@ -67,7 +68,8 @@ def tdt_beam_search(
         duration_log_probs = tf.reshape(
             tf.nn.log_softmax(tf.cast(duration_logits, tf.float32)), [batch, k, num_durations]
         )
-        pairs = log_probs[..., None] + duration_log_probs[:, :, None, :]  # [B, K, V, D]
+        ranked = log_probs if boost is None else log_probs + tf.gather(boost.bonus, where)
+        pairs = ranked[..., None] + duration_log_probs[:, :, None, :]  # [B, K, V, D]
         pairs = tf.reshape(pairs, [batch, k, -1])
         # each hypothesis's K best pairs hold the K best extensions of the whole beam
         best_pairs, pair = tf.math.top_k(pairs, k=tf.minimum(k, tf.shape(pairs)[-1]))
@@ -99,7 +101,14 @@ def tdt_beam_search(
         new = new._replace(scores=merge_equal(top_scores, keys, slot))
         new_time = tf.ensure_shape(new_time, time.shape)
         new_run = tf.ensure_shape(new_run, run.shape)
-        return same_shapes(new, beams), new_time, new_run
+        if boost is not None:  # equal sequences are in one automaton state
+            kept = tf.gather(where, parent, batch_dims=1)
+            stepped = tf.gather_nd(boost.next_state, tf.stack([kept, tf.maximum(symbol, 0)], -1))
+            where = tf.ensure_shape(tf.where(emit, stepped, kept), where.shape)
+        return same_shapes(new, beams), new_time, new_run, where
 
-    beams, _, _ = tf.while_loop(cond, body, [beams, time, run])
+    where = tf.zeros([batch, k], tf.int32)  # each hypothesis's word-boosting state
+    beams, _, _, where = tf.while_loop(cond, body, [beams, time, run, where])
+    if boost is not None:
+        beams = beams._replace(scores=beams.scores + tf.gather(boost.final, where))
     return beam_found(beams)

@@ -28,13 +28,16 @@ WINDOW = 4
 
 
 def tdt_greedy_search(
-    model, encoded, encoder_lengths, max_symbols_per_step: int = SYMBOLS, window: int = WINDOW
-):
+    model, encoded, encoder_lengths, max_symbols_per_step: int = SYMBOLS, window: int = WINDOW,
+    boost=None,
+):  # fmt: skip
     """encoded [B, T, D] -> `Found` (tokens, frames, token log-probs [B, T·S], counts [B],
-    scores [B]: the sum of the chosen symbols' and durations' log-probs)."""
+    scores [B]: the sum of the chosen symbols' and durations' log-probs). With `boost`
+    (`BoostTables` as tensors) each symbol is the one whose log-prob plus word-boosting
+    bonus is highest; log-probs and scores stay the model's."""
     carry = tdt_greedy_start(model, tf.shape(encoded)[0])
     found, _ = tdt_greedy_continue(
-        model, encoded, encoder_lengths, carry, max_symbols_per_step, window=window
+        model, encoded, encoder_lengths, carry, max_symbols_per_step, window=window, boost=boost
     )
     return found
 
@@ -49,7 +52,7 @@ def tdt_greedy_start(model, batch):
 
 def tdt_greedy_continue(
     model, encoded, encoder_lengths, carry, max_symbols_per_step: int = SYMBOLS, first_frame=0,
-    window: int = WINDOW,
+    window: int = WINDOW, boost=None,
 ):  # fmt: skip
     """The search over `encoded` from a carry (`tdt_greedy_start`, or what an earlier call
     on the frames before returned) -> (`Found`, the carry after these frames). A row whose
@@ -76,12 +79,17 @@ def tdt_greedy_continue(
         return tf.reduce_any(t < lengths)
 
     def body(t, pred_out, state, pred_proj, run, last, tokens, token_frames, log_ps, counts,
-             scores):  # fmt: skip
+             scores, where):  # fmt: skip
         valid, hidden = window_hidden(joint, projected, pred_proj, t, window, lengths)
         log_probs = tf.nn.log_softmax(tf.cast(joint.output_layer(hidden), tf.float32))
         duration_log_probs = tf.nn.log_softmax(tf.cast(joint.duration_layer(hidden), tf.float32))
-        best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B, W]
-        best_log_prob = tf.reduce_max(log_probs, -1)
+        if boost is None:
+            best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B, W]
+            best_log_prob = tf.reduce_max(log_probs, -1)
+        else:  # the row's state holds until its first emission: one bonus row per window
+            ranked = log_probs + tf.gather(boost.bonus, where)[:, None, :]
+            best = tf.argmax(ranked, axis=-1, output_type=tf.int32)
+            best_log_prob = tf.gather(log_probs, best[..., None], batch_dims=2)[..., 0]
         skip = tf.gather(durations, tf.argmax(duration_log_probs, -1, output_type=tf.int32))
         step_score = best_log_prob + tf.reduce_max(duration_log_probs, -1)
         # Where each window position's decision leads: a blank jumps (at least one frame),
@@ -108,20 +116,23 @@ def tdt_greedy_continue(
             model, emit, symbol, frame + first_frame, symbol_log_prob,
             (tokens, token_frames, log_ps, counts), (pred_out, state, pred_proj),
         )  # fmt: skip
+        if boost is not None:
+            stepped = tf.gather_nd(boost.next_state, tf.stack([where, symbol], axis=-1))
+            where = tf.where(emit, stepped, where)
         run = tf.where(emit, tf.where(last == frame, run + 1, 1), run)
         last = tf.where(emit, frame, last)
         forced = emit & (symbol_skip == 0) & (run >= max_symbols_per_step)
         after_emit = frame + symbol_skip + tf.cast(forced, tf.int32)
         t = tf.where(t < lengths, tf.where(emit, after_emit, frame), t)
         return (t, pred_out, state, pred_proj, run, last, tokens, token_frames, log_ps, counts,
-                scores)  # fmt: skip
+                scores, where)  # fmt: skip
 
     loop = [
         start, pred_out, state, joint.predictor_proj(pred_out), tf.zeros([batch], tf.int32),
         tf.fill([batch], -1), tf.fill([batch, capacity], -1), tf.fill([batch, capacity], -1),
         tf.zeros([batch, capacity], tf.float32), tf.zeros([batch], tf.int32),
-        tf.zeros([batch], tf.float32),
+        tf.zeros([batch], tf.float32), tf.zeros([batch], tf.int32),
     ]  # fmt: skip
     result = tf.while_loop(cond, body, loop)
     # a row leaves these frames once it is past them: it goes on in the next call's frames
-    return Found(*result[6:]), (result[1], result[2], tf.maximum(result[0] - lengths, 0))
+    return Found(*result[6:11]), (result[1], result[2], tf.maximum(result[0] - lengths, 0))

@@ -9,7 +9,9 @@ import pytest
 import tensorflow as tf
 
 from asrkit.decoding import greedy_decode
+from asrkit.decoding.beam import live_slots
 from asrkit.decoding.boosting import (
+    BoostTables,
     Phrase,
     boost_tables,
     no_boost,
@@ -213,3 +215,61 @@ def test_wide_boosted_beam_finds_the_best_sequence_with_its_bonus_exactly(max_sy
                          boost=boost_tables(sequences, model.vocab_size))[0]  # fmt: skip
     assert tuple(found.tokens) == best
     assert found.score == pytest.approx(boosted[best], abs=1e-4)
+
+
+# --- TDT ------------------------------------------------------------------------------
+
+
+def test_a_wide_boosted_tdt_beam_scores_every_sequence_with_its_bonus():
+    """TDT beam search that prunes nothing: every sequence's log-probability over all its
+    paths (enumerated) plus its phrases' bonus (brute force), and the boosted best first."""
+    from asrkit.decoding.tdt_beam import tdt_beam_search
+    from tests.decoding.test_tdt_beam import every_sequence, tdt_transducer
+
+    model = tdt_transducer(vocab_size=3, durations=(0, 1, 2), seed=5)
+    encoded = tf.constant(np.random.default_rng(3).standard_normal((1, 3, 16)), tf.float32)
+    want = every_sequence(model, encoded[0], 3, max_symbols=2)
+    plain_best = max(want, key=want.get)
+    runner_up = max((s for s in want if s != plain_best and len(s) >= 2), key=want.get)
+    sequences = {runner_up[:2]: 2.0}
+    tables = boost_tables(sequences, model.vocab_size)
+    found = tdt_beam_search(model, encoded, tf.constant([3]), 640, 2,
+                            boost=BoostTables(*map(tf.constant, tables)))  # fmt: skip
+    alive = live_slots(found.scores).numpy()[0]
+    beam = {tuple(found.tokens[0, k, : found.counts[0, k]].numpy().tolist()):
+            float(found.scores[0, k]) for k in np.flatnonzero(alive)}  # fmt: skip
+    assert sorted(beam) == sorted(want)
+    for tokens, log_p in want.items():
+        assert beam[tokens] == pytest.approx(log_p + brute_total(tokens, sequences), abs=2e-4)
+    best = max(beam, key=beam.get)
+    assert best != plain_best and tuple(found.tokens[0, 0, : found.counts[0, 0]]) == best
+
+
+@pytest.mark.parametrize("max_symbols", [1, 3])
+def test_boosted_tdt_beam_of_one_is_boosted_tdt_greedy_search(max_symbols):
+    from asrkit.decoding.tdt_beam import tdt_beam_search
+    from asrkit.decoding.tdt_greedy import tdt_greedy_search
+    from tests.decoding.test_tdt_beam import tdt_transducer
+
+    model = tdt_transducer(vocab_size=7, durations=(0, 1, 2, 3, 4), seed=2)
+    lengths = tf.constant([9, 14, 1, 0, 12])
+    encoded = tf.constant(np.random.default_rng(1).standard_normal((5, 14, 16)), tf.float32)
+    plain = tdt_greedy_search(model, encoded, lengths, max_symbols)
+    sequences = {}
+    for row in range(5):
+        tokens = plain.tokens[row, : plain.counts[row]].numpy().tolist()
+        if len(tokens) >= 2:
+            sequences[tuple(t % 6 + 1 for t in tokens[:2])] = 2.0
+    tables = BoostTables(*map(tf.constant, boost_tables(sequences, 7)))
+    greedy = tdt_greedy_search(model, encoded, lengths, max_symbols, boost=tables)
+    beam = tdt_beam_search(model, encoded, lengths, 1, max_symbols, boost=tables)
+    assert not np.array_equal(greedy.tokens.numpy(), plain.tokens.numpy())  # it acts
+    np.testing.assert_array_equal(beam.counts[:, 0], greedy.counts)
+    for row in range(5):
+        n = int(greedy.counts[row])
+        np.testing.assert_array_equal(beam.tokens[row, 0, :n], greedy.tokens[row, :n])
+        np.testing.assert_array_equal(beam.frames[row, 0, :n], greedy.frames[row, :n])
+    zero = BoostTables(*map(tf.constant, boost_tables(dict.fromkeys(sequences, 0.0), 7)))
+    again = tdt_greedy_search(model, encoded, lengths, max_symbols, boost=zero)
+    for got, want in zip(again, plain, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
