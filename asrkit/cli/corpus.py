@@ -27,6 +27,16 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--natural-share", type=float, default=0.0, metavar="F",
                         help="draw this share of the training speakers from the natural "
                              "voices (flite/festival), not uniformly (0)")  # fmt: skip
+    parser.add_argument("--entities", metavar="FILE",
+                        help="names or terms, one per line: said in --entity-share of the "
+                             "dev and test sentences, never in training")  # fmt: skip
+    parser.add_argument(
+        "--entity-share",
+        type=float,
+        default=0.5,
+        metavar="F",
+        help="share of dev and test sentences with an entity (0.5)",
+    )
 
 
 def run_synth(args: argparse.Namespace) -> int:
@@ -37,6 +47,9 @@ def run_synth(args: argparse.Namespace) -> int:
 
     if not 0 <= args.natural_share <= 1:
         raise InputError(f"--natural-share must be in [0, 1], got {args.natural_share}")
+    if not 0 <= args.entity_share <= 1:
+        raise InputError(f"--entity-share must be in [0, 1], got {args.entity_share}")
+    entities = _read_entities(args.entities) if args.entities else ()
 
     report = make_synthetic_corpus(
         args.out,
@@ -46,8 +59,29 @@ def run_synth(args: argparse.Namespace) -> int:
         noise_db=args.noise_db,
         natural_share=args.natural_share,
         language=args.language,
+        entities=entities,
+        entity_share=args.entity_share,
     )
     for part, count in report.utterances.items():
         voices = ", ".join(report.voices[part])
         print(f"{part}: {count} utterances, {report.hours[part]:.2f} h; voices: {voices}")
     return 0
+
+
+def _read_entities(path: str) -> tuple[str, ...]:
+    from pathlib import Path
+
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (FileNotFoundError, UnicodeDecodeError) as err:
+        raise InputError(f"--entities {path}: cannot read it ({err})") from None
+    entities = tuple(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+    if not entities:
+        raise InputError(f"--entities {path}: no entity in it (one per line)")
+    bad = next((e for e in entities if not all(c.isalpha() or c in " '-" for c in e)), None)
+    if bad:
+        raise InputError(
+            f"--entities {path}: {bad!r} holds characters a transcript cannot (letters, "
+            "spaces, apostrophes and hyphens only)"
+        )
+    return entities

@@ -10,6 +10,9 @@ the natural engines a dozen, so speakers drawn uniformly from the training voice
 eSpeak; `natural_share` > 0 draws that share of the training speakers from the natural
 voices instead (when the training part has any), so the model hears more recorded people.
 Texts come from a small built-in grammar: a vocabulary a model can learn in minutes on a CPU.
+With an entity list (names, terms), a share of the dev and test sentences say one of them in
+the subject's place; the training sentences never do, so a model trained on the corpus has
+never heard them (what word boosting is measured on).
 
 Determinism: the seed fixes every text, voice, rate, pitch, speaker and file name, and the
 added noise. eSpeak NG's own voicing jitter is not seedable (even re-initialised, the
@@ -87,6 +90,17 @@ def sentence(rng: random.Random, language: str = "en") -> str:
         other = pick(_NOUNS).split(":")[0]
         words = [pick(_SUBJECTS), pick(_VERBS), "THE", singular, "AND THE", other, pick(_PLACES)]
     return " ".join(words)
+
+
+def with_entity(text: str, entity: str, language: str = "en") -> str:
+    """`text` (a `sentence`) with `entity` in its subject's place."""
+    subjects = (_DE_SUBJECTS if language == "de" else _SUBJECTS).split("|")
+    padded = f" {text} "
+    for subject in sorted(subjects, key=len, reverse=True):
+        at = padded.find(f" {subject} ")
+        if at >= 0:
+            return (padded[: at + 1] + entity + padded[at + 1 + len(subject) :]).strip()
+    return f"{entity} {text}"
 
 
 def _german(rng: random.Random, pick) -> str:
@@ -172,8 +186,12 @@ def plan_corpus(
     noise_db: float,
     natural_share: float = 0.0,
     language: str = "en",
+    entities: tuple[str, ...] = (),
+    entity_share: float = 0.5,
 ) -> tuple[list[Speaker], list[_Job], dict[Path, list[str]]]:
     rng = random.Random(seed)
+    # its own generator: a corpus without entities is the one this seed always made
+    entity_rng = random.Random(seed + 7919)
     by_part = split_identities(voices, rng)
     speakers, jobs, transcripts = [], [], {}
     next_id = 100
@@ -192,6 +210,8 @@ def plan_corpus(
             folder = out_dir / part / str(spk.id) / str(chapter)
             utt_id = f"{spk.id}-{chapter}-{utt:04d}"
             text = sentence(rng, language)
+            if entities and part != PARTS[0] and entity_rng.random() < entity_share:
+                text = with_entity(text, entity_rng.choice(entities), language)
             rate = spk.rate + rng.randint(-10, 10)
             jobs.append(
                 _Job(str(folder / f"{utt_id}.flac"), text, spk.voice, rate, spk.pitch,
@@ -227,9 +247,12 @@ def make_synthetic_corpus(
     show_progress: bool = True,
     natural_share: float = 0.0,
     language: str = "en",
+    entities: tuple[str, ...] = (),
+    entity_share: float = 0.5,
 ) -> CorpusReport:
     """Synthesises the corpus under `out_dir` and returns what was made. `language`: the
-    grammar's and the voices' ("de": eSpeak NG's German voices, no natural ones)."""
+    grammar's and the voices' ("de": eSpeak NG's German voices, no natural ones).
+    `entities`: names or terms said in `entity_share` of the dev and test sentences."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
     if language not in LANGUAGES:
@@ -238,9 +261,12 @@ def make_synthetic_corpus(
     voices = available_voices(language)
     if not 0 <= natural_share <= 1:
         raise ValueError(f"natural_share must be in [0, 1], got {natural_share}")
+    if not 0 <= entity_share <= 1:
+        raise ValueError(f"entity_share must be in [0, 1], got {entity_share}")
     speakers, jobs, transcripts = plan_corpus(
-        out_dir, PRESETS[preset], seed, voices, noise_db, natural_share, language
-    )
+        out_dir, PRESETS[preset], seed, voices, noise_db, natural_share, language,
+        tuple(" ".join(e.upper().split()) for e in entities), entity_share,
+    )  # fmt: skip
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
         durations = list(
             progress(

@@ -17,6 +17,7 @@ from asrkit.data.synthetic import (
     plan_corpus,
     sentence,
     split_identities,
+    with_entity,
 )
 from asrkit.data.tts import Voice, available_voices, espeak_word_starts, synthesize
 
@@ -164,3 +165,37 @@ def test_a_german_corpus_speaks_german_text_with_umlauts(tmp_path):
     (strict,) = prepare_librispeech(tmp_path / "de", ["train-clean-100"], tmp_path / "az",
                                     show_progress=False)  # fmt: skip
     assert {p.kind for p in strict.problems} == {"bad_characters"}
+
+
+def test_entities_are_said_in_dev_and_test_only_and_the_rest_is_unchanged(tmp_path):
+    """An entity list: about `entity_share` of the dev and test sentences say one of them
+    in the subject's place, no training sentence does; every other sentence, voice and
+    file is what the seed makes without entities."""
+    voices = [Voice("espeak", f"en+v{i}", f"espeak:v{i}", "M") for i in range(40)]
+    entities = ("ZANZIBAR", "KUBERNETES CLUSTER", "O'HARA")
+    plain = plan_corpus(tmp_path, PRESETS["mini"], 3, voices, 30.0)
+    named = plan_corpus(tmp_path, PRESETS["mini"], 3, voices, 30.0, entities=entities,
+                        entity_share=0.4)  # fmt: skip
+    assert plain[0] == named[0]
+    said = {part: [] for part in PARTS}
+    for before, after in zip(plain[1], named[1], strict=True):
+        part = before.path.split("/")[-4]
+        assert (before.path, before.voice, before.rate) == (after.path, after.voice, after.rate)
+        found = [e for e in entities if f" {e} " in f" {after.text} "]
+        said[part].append(bool(found))
+        if not found:
+            assert after.text == before.text
+        else:  # the subject replaced, the rest of the sentence kept
+            assert after.text.split(found[0])[-1] in before.text
+    assert not any(said[PARTS[0]])
+    for part in PARTS[1:]:
+        assert np.mean(said[part]) == pytest.approx(0.4, abs=0.1), part
+
+
+def test_with_entity_takes_the_subjects_place():
+    assert with_entity("YESTERDAY THE OLD MAN SAW A RED BOX", "ZANZIBAR") == (
+        "YESTERDAY ZANZIBAR SAW A RED BOX"
+    )
+    assert with_entity("DER ARZT SAH ZWEI ROTE KISTEN AM MEER", "PRAG", "de") == (
+        "PRAG SAH ZWEI ROTE KISTEN AM MEER"
+    )

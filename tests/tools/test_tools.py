@@ -257,3 +257,31 @@ def test_the_largest_micro_batch_search_is_the_brute_force_answer(per_utterance,
     assert bench_vs_nemo._parse_cap("512MiB") == 512 * 2**20
     with pytest.raises(SystemExit):
         bench_vs_nemo._parse_cap("lots")
+
+
+@pytest.mark.slow
+def test_bench_boosting_prints_recall_wer_false_alarms_and_time(tiny_experiment, tmp_path):
+    """A boost list of a word the first reference says and a distractor: the counts it
+    prints are the manifest's (the references that say the word, how often; the others
+    are where a false alarm could be)."""
+    from asrkit.data.manifest import read_manifest
+    from asrkit.metrics import normalize
+
+    exp, manifest = tiny_experiment
+    utts = read_manifest(manifest)
+    words = [normalize(u.text).split() for u in utts]
+    word = max(words[0], key=len)
+    (tmp_path / "said.txt").write_text(f"{word}\n")
+    (tmp_path / "boost.txt").write_text(f"{word}\nZANZIBAR\n")
+    out = _run(str(TOOLS / "bench_boosting.py"), "--exp-dir", str(exp), "--manifest",
+               str(manifest), "--boost", str(tmp_path / "boost.txt"), "--said",
+               str(tmp_path / "said.txt"), "--weights", "1", "--methods", "greedy",
+               "--average", "1", "--timed", "2", "--repeats", "1")  # fmt: skip
+    said = sum(w.count(word) for w in words)
+    saying = sum(word in w for w in words)
+    assert f"{len(utts)} utterances, {saying} with a boosted phrase" in out
+    for label in ("no boosting", "boost weight 1"):
+        line = next(line for line in out.splitlines() if f"greedy, {label}:" in line)
+        assert f"/{said} (" in line and "false alarms " in line
+        assert int(re.search(r"false alarms (\d+)/(\d+)", line)[2]) == len(utts) - saying
+    assert len(re.findall(r"per call: no boost [\d.]+ \(", out)) == 2
