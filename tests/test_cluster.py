@@ -4,6 +4,7 @@ TF_CONFIG parsing, and naming a lost worker from TensorFlow's messages."""
 import json
 import socket
 import threading
+import time
 
 import pytest
 
@@ -22,11 +23,13 @@ from tests.training.test_multi_worker import free_ports
 SETTINGS = {"train.learning_rate": 0.003, "data.train_shards": "shards/train"}
 
 
-def _meet_all(clusters, dirs, settings, timeout=20.0):
-    """Runs `meet` for each cluster in its own thread; each one's exception or None."""
+def _meet_all(clusters, dirs, settings, timeout=20.0, stagger=0.0):
+    """Runs `meet` for each cluster in its own thread (the i-th `stagger` x i seconds
+    late); each one's exception or None."""
     outcome = [None] * len(clusters)
 
     def one(i):
+        time.sleep(stagger * i)
         try:
             meet(clusters[i], dirs[i], settings[i], timeout)
         except Exception as err:
@@ -104,7 +107,8 @@ def test_an_experiment_directory_that_is_not_shared_is_refused(tmp_path):
 def test_two_workers_with_one_index_are_refused(tmp_path):
     workers = _workers(3)
     clusters = [Cluster(workers, 0), Cluster(workers, 1), Cluster(workers, 1)]
-    errors = _meet_all(clusters, [tmp_path] * 3, [SETTINGS] * 3, timeout=5)
+    # staggered: on one machine the two would also race for worker 1's port
+    errors = _meet_all(clusters, [tmp_path] * 3, [SETTINGS] * 3, timeout=10, stagger=0.5)
     assert "two workers were started with --worker-index 1" in str(errors[0])
 
 
