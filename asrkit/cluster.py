@@ -139,7 +139,7 @@ def meet(cluster: Cluster, exp_dir: Path, settings: dict, timeout: float) -> Non
 def _chair(cluster: Cluster, exp_dir: Path, settings: dict, deadline: float, timeout):
     _, port = _host_port(cluster.workers[0], "--workers")
     try:
-        server = socket.create_server(("", port))
+        server = _listen(port)
     except OSError as err:
         raise ClusterError(
             f"{cluster.name(0)}: cannot listen on port {port} here ({err.strerror}); pick a "
@@ -234,7 +234,7 @@ def _shared_directory_problem(cluster: Cluster, exp_dir: Path, peers: dict) -> s
 def _attend(cluster: Cluster, exp_dir: Path, settings: dict, deadline: float, timeout):
     _, own = _host_port(cluster.workers[cluster.index], "--workers")
     try:
-        socket.create_server(("", own)).close()
+        _listen(own).close()
     except OSError as err:
         raise ClusterError(
             f"{cluster.name(cluster.index)}: cannot listen on port {own} here "
@@ -276,6 +276,13 @@ def _attend(cluster: Cluster, exp_dir: Path, settings: dict, deadline: float, ti
                 return
     finally:
         peer.close()
+
+
+def _listen(port: int) -> socket.socket:
+    """A socket listening on `port` of every address of this machine, IPv4 and IPv6."""
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+    return socket.create_server(("", port))
 
 
 class _Peer:

@@ -170,3 +170,11 @@ def test_a_lost_worker_is_named_from_tensorflows_message(monkeypatch):
              "error information from remote target /job:worker/replica:0/task:0")  # fmt: skip
     err = lost_worker(Cluster(cluster.workers, 1), RuntimeError(reset), "x")
     assert str(err).startswith("worker 0 (h0:1) stopped answering (its connection was reset)")
+
+
+def test_workers_meet_over_ipv6_too(tmp_path):
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    workers = tuple(f"[::1]:{p}" for p in free_ports(2))
+    clusters = [Cluster(workers, i) for i in range(2)]
+    assert _meet_all(clusters, [tmp_path] * 2, [SETTINGS] * 2) == [None, None]
