@@ -73,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
     if args.nbest < 0:
         raise InputError(f"--nbest must be >= 0, got {args.nbest}")
     check_search_arguments(args)
-    if args.boost and (args.model or args.streaming):
+    if args.boost and args.model:
         raise InputError(
-            "--boost works with --exp-dir on whole files for now; an export's search and "
-            "--streaming do not take phrases yet"
+            "--boost works with --exp-dir (whole files and --streaming); an export's "
+            "built-in search does not take phrases yet"
         )
     if args.model and args.nbest > 1:
         _check_export_finds(args.model, args.nbest)

@@ -60,20 +60,24 @@ def greedy_continue(
     its current predictor state with its next `window` frames at once, emits blank up to
     the first frame whose best symbol is not blank, emits that symbol and advances its
     predictor. A run of blank frames thus costs one step per `window` frames, not one per
-    frame. The encoder's half of the joint is projected once for all frames."""
+    frame. The encoder's half of the joint is projected once for all frames.
+
+    With `boost` the carry also holds each row's word-boosting state (a third element;
+    the root when it has none), and the carry returned holds it too."""
     batch, frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
     capacity = frames * max_symbols_per_step
     joint = model.joint
     lengths = tf.cast(encoder_lengths, tf.int32)
     projected = joint.encoder_proj(encoded)  # [B, T, D]
     offsets = tf.range(window)
-    pred_out, state = carry
+    pred_out, state = carry[:2]
+    start_where = carry[2] if len(carry) > 2 else tf.zeros([batch], tf.int32)
     loop = [
         tf.zeros([batch], tf.int32), tf.zeros([batch], tf.int32), pred_out, state,
         joint.predictor_proj(pred_out), tf.fill([batch, capacity], -1),
         tf.fill([batch, capacity], -1), tf.zeros([batch, capacity], tf.float32),
         tf.zeros([batch], tf.int32), tf.zeros([batch], tf.float32),
-        tf.zeros([batch], tf.int32),  # each row's word-boosting state (with `boost`)
+        start_where,  # each row's word-boosting state (with `boost`)
     ]  # fmt: skip
 
     def body(t, run, pred_out, state, pred_proj, tokens, token_frames, log_ps, counts, scores,
@@ -114,7 +118,8 @@ def greedy_continue(
                 where)  # fmt: skip
 
     result = tf.while_loop(lambda t, *_: tf.reduce_any(t < lengths), body, loop)
-    return Found(*result[5:10]), (result[2], result[3])
+    boosted = (result[10],) if boost is not None else ()
+    return Found(*result[5:10]), (result[2], result[3], *boosted)
 
 
 def window_hidden(joint, projected, pred_proj, t, window, lengths):

@@ -12,7 +12,9 @@ partial chunk), finds exactly the tokens (and frames) greedy search finds on the
 waveform (tested). With `beam` > 1 the state carries modified beam search's hypotheses
 instead, and the stream ends with exactly the hypotheses beam search keeps on the whole
 waveform (tested); its text so far is the best hypothesis so far, which a later frame can
-revise. A TDT model streams with its greedy search: a duration that jumps past the frames
+revise. With word boosting (`boost` tables) the carry also holds each hypothesis's automaton state,
+and the stream finds what the boosted search finds on the whole waveform (tested).
+A TDT model streams with its greedy search: a duration that jumps past the frames
 encoded so far goes on into the next piece's. That needs an encoder that streams: the LSTM
 encoder (causal), or a Conformer trained with chunks (`model.encoder.chunk_frames`); a
 full-context Conformer attends to the whole utterance.
@@ -26,6 +28,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig, FeatureConfig
 from asrkit.decoding.beam import Beams, beam_continue, beam_found, beam_start
+from asrkit.decoding.boosting import BoostTables
 from asrkit.decoding.greedy import greedy_continue, greedy_start
 from asrkit.decoding.tdt_greedy import tdt_greedy_continue, tdt_greedy_start
 from asrkit.decoding.words import SUBSAMPLING
@@ -39,8 +42,8 @@ class StreamState(NamedTuple):
     samples: tf.Tensor  # [S] float32, S < frame_length: waveform not yet in a feature frame
     features: tf.Tensor  # [F, mel]: normalised frames from 4 × `frames` on
     encoder: list  # the encoder's recurrent state, [batch 1]
-    # greedy: (predictor output, predictor state[, TDT: frames to skip]), [batch 1];
-    # beam: `Beams` of one stream
+    # greedy: (predictor output, predictor state[, TDT: frames to skip][, word-boosting
+    # state]), [batch 1]; beam: `Beams` of one stream (with word boosting: (Beams, states))
     carry: tuple
     frames: tf.Tensor  # scalar int32: encoder frames decoded so far
     tokens: tf.Tensor  # [N] int32: every token so far (beam: of the best hypothesis)
@@ -61,7 +64,7 @@ class StreamingDecoder:
     `beam` 1 searches greedily; more keeps that many hypotheses (modified beam search)."""
 
     def __init__(self, network, features: FeatureConfig, normalize=None,
-                 max_symbols_per_step: int = SYMBOLS, beam: int = 1):  # fmt: skip
+                 max_symbols_per_step: int = SYMBOLS, beam: int = 1, boost=None):  # fmt: skip
         if not network.encoder.streams:
             raise UserError(
                 "streaming needs an encoder that streams: model.encoder.kind=lstm, or a "
@@ -76,6 +79,8 @@ class StreamingDecoder:
             )
         self.network, self.features, self.normalize = network, features, normalize
         self.max_symbols_per_step, self.beam = max_symbols_per_step, int(beam)
+        # word boosting (`asrkit.decoding.boosting`): the carry then also holds the state
+        self.boost = None if boost is None else BoostTables(*map(tf.constant, boost))
         if self.beam < 1:
             raise ValueError(f"beam must be >= 1, got {beam}")
         self._compiled = tf.function(self._step, reduce_retracing=True, autograph=False)
@@ -96,10 +101,11 @@ class StreamingDecoder:
 
     def _start(self):
         if self.beam > 1:
-            return beam_start(self.network, 1, self.beam)
-        if self.network.joint.durations:
-            return tdt_greedy_start(self.network, 1)
-        return greedy_start(self.network, 1)
+            beams = beam_start(self.network, 1, self.beam)
+            return beams if self.boost is None else (beams, tf.zeros([1, self.beam], tf.int32))
+        start = tdt_greedy_start if self.network.joint.durations else greedy_start
+        carry = start(self.network, 1)
+        return carry if self.boost is None else (*carry, tf.zeros([1], tf.int32))
 
     def step(self, samples, state: StreamState) -> StreamStep:
         """samples [n] float32 (any n, 0 included) -> the tokens they complete."""
@@ -128,18 +134,19 @@ class StreamingDecoder:
 
     def _finish(self, state: StreamState) -> StreamStep:
         encoded, encoder_state = self.network.encoder.finish_stream(state.encoder)
-        return self._search(encoded, state._replace(encoder=encoder_state))
+        return self._search(encoded, state._replace(encoder=encoder_state), last=True)
 
-    def _search(self, encoded, state: StreamState) -> StreamStep:
-        """The search over the newly encoded frames, from the state's carry."""
+    def _search(self, encoded, state: StreamState, last: bool = False) -> StreamStep:
+        """The search over the newly encoded frames, from the state's carry (`last`: the
+        stream's end, where open word-boosting matches are taken back)."""
         encoded = tf.reshape(encoded, [1, -1, encoded.shape[-1]])  # one stream, known
         ready = tf.shape(encoded)[1]
         if self.beam > 1:
-            return self._beam_search(encoded, ready, state)
+            return self._beam_search(encoded, ready, state, last)
         search = tdt_greedy_continue if self.network.joint.durations else greedy_continue
         found, carry = search(
             self.network, encoded, ready[None], state.carry, self.max_symbols_per_step,
-            first_frame=state.frames,
+            first_frame=state.frames, boost=self.boost,
         )  # fmt: skip
         count = found.counts[0]
         new_tokens, new_frames = found.tokens[0, :count], found.frames[0, :count]
@@ -157,24 +164,34 @@ class StreamingDecoder:
             ),
         )
 
-    def _beam_search(self, encoded, ready, state: StreamState) -> StreamStep:
-        beams = beam_continue(
-            self.network, encoded, ready[None], Beams(*state.carry), self.max_symbols_per_step,
-            first_frame=state.frames,
-        )  # fmt: skip
+    def _beam_search(self, encoded, ready, state: StreamState, last: bool) -> StreamStep:
+        if self.boost is None:
+            beams = beam_continue(
+                self.network, encoded, ready[None], Beams(*state.carry),
+                self.max_symbols_per_step, first_frame=state.frames,
+            )  # fmt: skip
+        else:
+            beams, where = beam_continue(
+                self.network, encoded, ready[None], Beams(*state.carry[0]),
+                self.max_symbols_per_step, first_frame=state.frames,
+                boost=(self.boost, state.carry[1]),
+            )  # fmt: skip
         room = tf.reduce_max(beams.counts)  # token slots beyond every count stay free
         beams = beams._replace(
             tokens=beams.tokens[:, :, :room], frames=beams.frames[:, :, :room],
             log_probs=beams.log_probs[:, :, :room],
         )  # fmt: skip
-        best = beam_found(beams)
+        ranked = beams
+        if self.boost is not None and last:
+            ranked = beams._replace(scores=beams.scores + tf.gather(self.boost.final, where))
+        best = beam_found(ranked)
         count = best.counts[0, 0]
         tokens, frames = best.tokens[0, 0, :count], best.frames[0, 0, :count]
         return StreamStep(
             tokens,
             frames,
             state._replace(
-                carry=beams,
+                carry=beams if self.boost is None else (beams, where),
                 frames=state.frames + ready,
                 tokens=tokens,
                 token_frames=frames,

@@ -64,7 +64,9 @@ def tdt_greedy_continue(
     is, so each row joins its predictor state with its next `window` frames at once and
     follows its blanks' jumps through them (by pointer doubling: log2(window) gathers) to
     the first frame it reaches whose best symbol is not blank, or past the window. The
-    encoder's half of the joint is projected once for all frames."""
+    encoder's half of the joint is projected once for all frames. With `boost` the carry
+    also holds each row's word-boosting state (a fourth element; the root when it has
+    none), and the carry returned holds it too."""
     joint = model.joint
     durations = tf.constant(list(model.config.durations), tf.int32)
     reach = window + max(max(model.config.durations), 1)  # positions a jump can land on
@@ -73,7 +75,8 @@ def tdt_greedy_continue(
     capacity = frames * max_symbols_per_step
     projected = joint.encoder_proj(encoded)  # [B, T, D]
     offsets = tf.range(window)
-    pred_out, state, start = carry
+    pred_out, state, start = carry[:3]
+    start_where = carry[3] if len(carry) > 3 else tf.zeros([batch], tf.int32)
 
     def cond(t, *_):
         return tf.reduce_any(t < lengths)
@@ -131,8 +134,10 @@ def tdt_greedy_continue(
         start, pred_out, state, joint.predictor_proj(pred_out), tf.zeros([batch], tf.int32),
         tf.fill([batch], -1), tf.fill([batch, capacity], -1), tf.fill([batch, capacity], -1),
         tf.zeros([batch, capacity], tf.float32), tf.zeros([batch], tf.int32),
-        tf.zeros([batch], tf.float32), tf.zeros([batch], tf.int32),
+        tf.zeros([batch], tf.float32), start_where,
     ]  # fmt: skip
     result = tf.while_loop(cond, body, loop)
     # a row leaves these frames once it is past them: it goes on in the next call's frames
-    return Found(*result[6:11]), (result[1], result[2], tf.maximum(result[0] - lengths, 0))
+    boosted = (result[11],) if boost is not None else ()
+    return Found(*result[6:11]), (result[1], result[2], tf.maximum(result[0] - lengths, 0),
+                                  *boosted)  # fmt: skip

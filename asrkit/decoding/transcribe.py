@@ -216,6 +216,7 @@ def stream_file(
         recogniser.model, recogniser.features, recogniser.normalize,
         recogniser.options.max_symbols_per_step,
         recogniser.options.beam if recogniser.options.method == "beam" else 1,
+        recogniser.boost,
     )  # fmt: skip
     rate = recogniser.sample_rate
     samples = read_audio(str(path), rate)

@@ -223,3 +223,70 @@ def test_a_tdt_stream_finds_the_whole_waveforms_tokens(tdt_network, clip, normal
 def test_a_tdt_model_streams_greedily_only(tdt_network):
     with pytest.raises(UserError, match="greedy search only"):
         StreamingDecoder(tdt_network, FEATURES, beam=4)
+
+
+def _boost_from(tokens, vocab_size):
+    """Word-boosting tables of phrases near what the search finds: pairs of its tokens,
+    shifted to other ids (so boosting changes the result)."""
+    from asrkit.decoding.boosting import boost_tables
+
+    pairs = {tuple(t % (vocab_size - 1) + 1 for t in tokens[i : i + 2]): 1.5
+             for i in range(0, len(tokens) - 1, 5)}  # fmt: skip
+    return boost_tables(pairs, vocab_size)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_boosted_stream_finds_what_boosted_search_finds_on_the_whole(
+    network, clip, normalize, beam
+):
+    """Word boosting while streaming: the automaton state rides in the carry, so pieces of
+    any size end with the boosted whole-waveform search's tokens (and, for beam search, its
+    best hypothesis's score: open matches taken back at the stream's end)."""
+    from asrkit.decoding.boosting import BoostTables
+
+    features = normalize(log_mel(clip, FEATURES))[None]
+    encoded, lengths = network.encode(features, tf.shape(features)[1][None])
+    plain, _, _ = whole(network, clip, normalize)
+    tables = _boost_from(plain.tolist(), network.vocab_size)
+    boost = BoostTables(*map(tf.constant, tables))
+    if beam == 1:
+        found = greedy_search(network, encoded, lengths, boost=boost)
+        want = found.tokens[0, : found.counts[0]].numpy().tolist()
+        want_score = None
+    else:
+        found = beam_search(network, encoded, lengths, beam, 3, boost=boost)
+        want = found.tokens[0, 0, : found.counts[0, 0]].numpy().tolist()
+        want_score = float(found.scores[0, 0])
+    assert want != plain.tolist()  # boosting changed the result
+    decoder = StreamingDecoder(network, FEATURES, normalize, max_symbols_per_step=3,
+                               beam=beam, boost=tables)  # fmt: skip
+    rng = np.random.default_rng(8)
+    sizes = [*rng.choice([0, 1, 159, 400, 1234, 4000], size=40), len(clip)]
+    state, start = decoder.initial_state(), 0
+    for size in sizes:
+        state, start = decoder.step(clip[start : start + size], state).state, start + size
+    state = decoder.finish(state).state
+    assert state.tokens.numpy().tolist() == want
+    if want_score is not None:
+        assert float(state.score) == pytest.approx(want_score, rel=1e-5)
+
+
+def test_a_boosted_tdt_stream_finds_what_boosted_search_finds_on_the_whole(
+    tdt_network, clip, normalize
+):
+    from asrkit.decoding.boosting import BoostTables
+    from asrkit.decoding.tdt_greedy import tdt_greedy_search
+
+    features = normalize(log_mel(clip, FEATURES))[None]
+    encoded, lengths = tdt_network.encode(features, tf.shape(features)[1][None])
+    plain = tdt_greedy_search(tdt_network, encoded, lengths)
+    tables = _boost_from(plain.tokens[0, : plain.counts[0]].numpy().tolist(), 9)
+    found = tdt_greedy_search(tdt_network, encoded, lengths,
+                              boost=BoostTables(*map(tf.constant, tables)))  # fmt: skip
+    want = found.tokens[0, : found.counts[0]].numpy().tolist()
+    assert want != plain.tokens[0, : plain.counts[0]].numpy().tolist()
+    decoder = StreamingDecoder(tdt_network, FEATURES, normalize, boost=tables)
+    rng = np.random.default_rng(9)
+    sizes = [*rng.choice([0, 1, 159, 160, 400, 1234, 4000], size=60), len(clip)]
+    tokens, _, _ = streamed(decoder, clip, sizes)
+    assert tokens.tolist() == want

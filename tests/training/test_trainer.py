@@ -895,3 +895,7 @@ def test_decode_and_transcribe_boost_a_phrase_list(workdir, uninterrupted, tmp_p
     assert main(["transcribe", "--exp-dir", str(exp), "--boost", str(phrases),
                  "--boost-weight", "30", "--out-dir", str(out), str(audio)]) == 0  # fmt: skip
     assert "TAROT" in (out / f"{audio.stem}.txt").read_text()
+    streamed = tmp_path / "s"
+    assert main(["transcribe", "--exp-dir", str(exp), "--streaming", "--boost", str(phrases),
+                 "--boost-weight", "30", "--out-dir", str(streamed), str(audio)]) == 0  # fmt: skip
+    assert "TAROT" in (streamed / f"{audio.stem}.txt").read_text()  # (the file: in windows)
