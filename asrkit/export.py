@@ -1,6 +1,7 @@
 """SavedModel export: waveforms in, transcripts with timed words out, all in one graph.
 
-Two signatures, the same graph:
+Two signatures, the same graph (and each again with word boosting, the phrase list's tables
+as inputs: `serve_boosted`, `serve_batch_boosted`):
 * `serving_default`: one mono float32 waveform at the model's sample rate (16 kHz by
   default), any length: one longer than a window (the longest training utterance) is
   decoded in windows, cut and joined as `asrkit transcribe` does, in bounded memory.
@@ -20,6 +21,7 @@ asrkit need not be installed.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import keras
@@ -28,6 +30,7 @@ import tensorflow as tf
 
 from asrkit import __version__
 from asrkit.decoding.beam import live_slots
+from asrkit.decoding.boosting import BoostTables
 from asrkit.decoding.long_audio import windowing_for
 from asrkit.decoding.search import DecodeOptions, describe, search
 from asrkit.decoding.windows_graph import graph_windows
@@ -53,6 +56,14 @@ OUTPUTS = {
     "nbest_counts": "int32",
 }
 
+
+# The word-boosting tables the boosted signatures take (`asrkit.decoding.boosting`): a phrase
+# list compiled with the export's own tokenizer (its copy in `tokenizer/`), per request.
+BOOST_SPECS = (
+    tf.TensorSpec([None, None], tf.int32, name="boost_next_state"),
+    tf.TensorSpec([None, None], tf.float32, name="boost_bonus"),
+    tf.TensorSpec([None], tf.float32, name="boost_final"),
+)
 
 # Each output of a signature, with what fills a row past its count in serve_batch (its dtype
 # is the output's); the scalars have one value per row.
@@ -91,8 +102,9 @@ def export_model(
     trained = read_training_lengths(exp_dir)
     windowing, _ = windowing_for(trained.max_seconds if trained else None)
 
-    def decode_batch(waveforms, lengths):
-        """The search's result for padded waveforms [N, S] of `lengths` samples."""
+    def decode_batch(waveforms, lengths, boost=None):
+        """The search's result for padded waveforms [N, S] of `lengths` samples (`boost`:
+        word-boosting tables as tensors, or None)."""
         lengths = tf.cast(lengths, tf.int32)
         feats, frames = log_mel_batch(waveforms, lengths, features)  # [N, T, F], [N]
         feats = (feats - mean) / std
@@ -101,7 +113,7 @@ def export_model(
         mask = tf.range(tf.shape(feats)[1])[None, :] < frames[:, None]
         feats = tf.where(mask[:, :, None], feats, 0.0)  # as decoding pads a batch
         encoded, encoded_lengths = model.encode(feats, frames, training=False)
-        return search(model, encoded, encoded_lengths, options)
+        return search(model, encoded, encoded_lengths, options, boost)
 
     def outputs(tokens, token_frames, log_probs, counts, scores, nbest):
         """The signature's outputs of the best hypotheses [N, M] and the n-best lists."""
@@ -119,8 +131,8 @@ def export_model(
             "nbest_counts": nbest_counts,
         }
 
-    def transcribe_batch(waveforms, lengths):
-        found = decode_batch(waveforms, lengths)
+    def transcribe_batch(waveforms, lengths, boost=None):
+        found = decode_batch(waveforms, lengths, boost)
         alive = live_slots(found.scores)
         nbest = (
             tf.where(alive, detokenize(found.tokens, found.counts, pieces), ""),
@@ -129,14 +141,16 @@ def export_model(
         )
         return outputs(*[x[:, 0] for x in found], nbest)
 
-    def transcribe_windows(waveform):
+    def transcribe_windows(waveform, boost=None):
         """A recording longer than a window: cut and joined as `asrkit transcribe` does
         (`asrkit.decoding.windows_graph`), one window in memory at a time; the n-best list
         holds the joined best only."""
         starts, ends, keep_from, keep_to = graph_windows(waveform, rate, windowing, step)
 
         def window(i, tokens, frames, log_probs, score):
-            found = decode_batch(waveform[starts[i] : ends[i]][None], (ends[i] - starts[i])[None])
+            found = decode_batch(
+                waveform[starts[i] : ends[i]][None], (ends[i] - starts[i])[None], boost
+            )
             best = [x[:, 0] for x in found]  # tokens, frames, log-probs [1, M], count, score
             words = timed_words(*best[:4], pieces, clock)
             count = best[3][0]
@@ -169,13 +183,13 @@ def export_model(
         return outputs(tokens[None], frames[None], log_probs[None], counts, score[None],
                        (text[:, None], score[None, None], tf.ones([1], tf.int32)))  # fmt: skip
 
-    def transcribe(waveform):
+    def transcribe(waveform, boost=None):
         length = tf.shape(waveform)[0]
         whole = length <= int(windowing.max_seconds * rate)
         result = tf.cond(
             whole,
-            lambda: transcribe_batch(waveform[None], length[None]),
-            lambda: transcribe_windows(waveform),
+            lambda: transcribe_batch(waveform[None], length[None], boost),
+            lambda: transcribe_windows(waveform, boost),
         )
         one = {key: value[0] for key, value in result.items()}
         # One utterance needs no padding: per-token and n-best outputs end at their counts
@@ -186,7 +200,7 @@ def export_model(
             one[key] = one[key][: one["nbest_counts"]]
         return one
 
-    def transcribe_rows(waveforms, lengths):
+    def transcribe_rows(waveforms, lengths, boost=None):
         """Each row as `transcribe` decodes it alone (a long one in windows), one row in
         memory at a time, padded as `transcribe_batch` pads its outputs."""
         rows = tf.shape(waveforms)[0]
@@ -196,7 +210,7 @@ def export_model(
         }
 
         def row(i, arrays):
-            one = transcribe(waveforms[i, : lengths[i]])
+            one = transcribe(waveforms[i, : lengths[i]], boost)
             return i + 1, {key: arrays[key].write(i, one[key]) for key in arrays}
 
         _, arrays = tf.while_loop(
@@ -213,15 +227,24 @@ def export_model(
                 padded[key] = ragged.to_tensor(default_value=fill)
         return padded
 
-    def serve_batch(waveforms, lengths):
+    def serve_batch(waveforms, lengths, boost=None):
         """Rows within a window: decoded together; a batch with a longer row: row by row,
         each as serving_default decodes it (bounded memory, the same result per row)."""
         longest = tf.reduce_max(tf.concat([tf.cast(lengths, tf.int32), [0]], 0))
         return tf.cond(
             longest <= int(windowing.max_seconds * rate),
-            lambda: transcribe_batch(waveforms, lengths),
-            lambda: transcribe_rows(waveforms, tf.cast(lengths, tf.int32)),
+            lambda: transcribe_batch(waveforms, lengths, boost),
+            lambda: transcribe_rows(waveforms, tf.cast(lengths, tf.int32), boost),
         )
+
+    def boosted(fn):
+        """`fn` with the word-boosting tables as three more inputs (`BOOST_INPUTS`)."""
+
+        def with_tables(*inputs):
+            *audio, next_state, bonus, final = inputs
+            return fn(*audio, BoostTables(next_state, bonus, final))
+
+        return with_tables
 
     out = Path(out)
     archive = keras.export.ExportArchive()
@@ -239,7 +262,18 @@ def export_model(
             tf.TensorSpec([None], tf.int32, name="lengths"),
         ],
     )
+    archive.add_endpoint(
+        "serve_boosted", boosted(transcribe),
+        input_signature=[tf.TensorSpec([None], tf.float32, name="waveform"), *BOOST_SPECS],
+    )  # fmt: skip
+    archive.add_endpoint(
+        "serve_batch_boosted", boosted(serve_batch),
+        input_signature=[tf.TensorSpec([None, None], tf.float32, name="waveforms"),
+                         tf.TensorSpec([None], tf.int32, name="lengths"), *BOOST_SPECS],
+    )  # fmt: skip
     archive.write_out(str(out), verbose=False)
+    # the tokenizer a client compiles its phrase lists with (`asrkit transcribe --model --boost`)
+    shutil.copytree(experiment.tokenizer.model_path.parent, out / "tokenizer", dirs_exist_ok=True)
     info = {
         "asrkit_version": __version__,
         "sample_rate": features.sample_rate,
@@ -247,6 +281,10 @@ def export_model(
             "serving_default": "waveform: mono float32 [S] in [-1, 1], any length",
             "serve_batch": "waveforms: float32 [N, S] zero-padded; lengths: int32 [N] samples; "
             "a batch with a row longer than a window: row by row, each as serving_default",
+            "serve_boosted": "serving_default with word boosting: waveform, and the tables "
+            "of a phrase list (boost_next_state, boost_bonus, boost_final) made with the "
+            "export's tokenizer (asrkit.decoding.boosting.load_boost)",
+            "serve_batch_boosted": "serve_batch with word boosting, the same tables",
         },
         "outputs": OUTPUTS,
         "decoding": describe(options),

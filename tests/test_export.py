@@ -655,3 +655,36 @@ def test_the_export_decodes_a_long_waveform_in_windows_as_transcribe_does(experi
                 assert np.all(row_value[len(value) :] == fill), key
             else:
                 assert row_value == value, key
+
+
+@pytest.mark.parametrize("method", ["greedy", pytest.param("beam", marks=pytest.mark.slow)])
+def test_the_export_boosts_the_phrases_it_is_given_as_decoding_does(experiment, tmp_path, method):
+    """`serve_batch_boosted` with a phrase list's tables gives the boosted network search's
+    texts (`asrkit transcribe --model --boost` = `--exp-dir --boost`); tables of no phrase
+    give `serve_batch`'s. The phrases are compiled with the tokenizer the export carries."""
+    from asrkit.cli.main import main
+    from asrkit.decoding.boosting import load_boost, no_boost
+    from asrkit.decoding.search import DecodeOptions
+    from asrkit.decoding.transcribe import SavedModelRecogniser
+
+    _, exp, utts = experiment
+    options = DecodeOptions(method, beam=3)
+    out = export_model(exp, tmp_path / "saved", options=options)
+    loaded = load_experiment(exp)
+    paths = [u.audio_path for u in utts]
+    plain = [t.text for t in transcribe_files(NetworkRecogniser.of(loaded, options), paths)]
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("tarot\nnest\nstone\n")
+    tables = load_boost(phrases, loaded.tokenizer, loaded.network.vocab_size, 3.0)
+    want = [t.text for t in transcribe_files(
+        NetworkRecogniser.of(loaded, options, boost=tables), paths)]  # fmt: skip
+    assert want != plain
+    served = [t.text for t in transcribe_files(SavedModelRecogniser(out, tables), paths)]
+    assert served == want
+    none = no_boost(loaded.network.vocab_size)
+    assert [t.text for t in transcribe_files(SavedModelRecogniser(out, none), paths)] == plain
+    listed = tmp_path / "cli"
+    assert main(["transcribe", "--model", str(out), "--boost", str(phrases), "--boost-weight",
+                 "3", "--out-dir", str(listed), *paths]) == 0  # fmt: skip
+    assert [(listed / f"{Path(p).stem}.txt").read_text().split("\t")[-1].strip()
+            for p in paths] == want  # fmt: skip

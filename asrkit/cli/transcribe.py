@@ -73,11 +73,6 @@ def run(args: argparse.Namespace) -> int:
     if args.nbest < 0:
         raise InputError(f"--nbest must be >= 0, got {args.nbest}")
     check_search_arguments(args)
-    if args.boost and args.model:
-        raise InputError(
-            "--boost works with --exp-dir (whole files and --streaming); an export's "
-            "built-in search does not take phrases yet"
-        )
     if args.model and args.nbest > 1:
         _check_export_finds(args.model, args.nbest)
     if bool(args.files) == bool(args.manifest):
@@ -212,4 +207,18 @@ def _check_export_finds(model: str, nbest: int) -> None:
 def _model_recogniser(args):
     from asrkit.decoding.transcribe import SavedModelRecogniser
 
-    return SavedModelRecogniser(args.model)
+    boost = None
+    if args.boost:
+        from asrkit.config import DecodeConfig
+        from asrkit.decoding.boosting import load_boost
+        from asrkit.tokenizer import Tokenizer
+
+        if not (Path(args.model) / "tokenizer").is_dir():
+            raise InputError(
+                f"--boost: {args.model} holds no tokenizer to compile phrases with; export "
+                "it again with this version"
+            )
+        tokenizer = Tokenizer.load(Path(args.model) / "tokenizer")
+        weight = DecodeConfig.boost_weight if args.boost_weight is None else args.boost_weight
+        boost = load_boost(args.boost, tokenizer, tokenizer.vocab_size, weight)
+    return SavedModelRecogniser(args.model, boost)

@@ -103,7 +103,8 @@ class NetworkRecogniser:
 class SavedModelRecogniser:
     """An exported SavedModel, through its batched signature."""
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, boost=None):
+        """`boost`: word-boosting tables made with the export's tokenizer (`tokenizer/`)."""
         directory = Path(directory)
         info_file = directory / EXPORT_INFO
         if not info_file.is_file():
@@ -118,14 +119,25 @@ class SavedModelRecogniser:
         self.clock = FrameClock(
             info["frame_period"], info["frame_offset"], info.get("emission_delay", 0.0)
         )
-        self.serve = tf.saved_model.load(str(directory)).signatures["serve_batch"]
+        signatures = tf.saved_model.load(str(directory)).signatures
+        if boost is not None and "serve_batch_boosted" not in signatures:
+            raise InputError(
+                f"{directory} was exported without word boosting; export it again with "
+                "this version to use --boost"
+            )
+        self.serve = signatures["serve_batch" if boost is None else "serve_batch_boosted"]
+        self.boost = {} if boost is None else {
+            "boost_next_state": tf.constant(boost.next_state),
+            "boost_bonus": tf.constant(boost.bonus), "boost_final": tf.constant(boost.final),
+        }  # fmt: skip
 
     def __call__(self, waveforms: list[np.ndarray]) -> list[Decoded]:
         lengths = np.array([len(w) for w in waveforms], np.int32)
         padded = np.zeros((len(waveforms), max(lengths.max(), 1)), np.float32)
         for row, samples in enumerate(waveforms):
             padded[row, : lengths[row]] = samples
-        out = self.serve(waveforms=tf.constant(padded), lengths=tf.constant(lengths))
+        out = self.serve(waveforms=tf.constant(padded), lengths=tf.constant(lengths),
+                         **self.boost)  # fmt: skip
         out = {key: value.numpy() for key, value in out.items()}
         decoded = []
         for row in range(len(waveforms)):
