@@ -156,8 +156,9 @@ def _chair(cluster: Cluster, exp_dir: Path, settings: dict, deadline: float, tim
                                if i not in peers]  # fmt: skip
                     problem = (
                         f"{', '.join(missing)} did not join within {timeout:.0f} s: start "
-                        "it with the same command and --worker-index, and check that "
-                        f"{cluster.workers[0]} is reachable from it (or raise --start-timeout)"
+                        "each missing worker with the same command and its --worker-index, "
+                        f"and check that {cluster.workers[0]} is reachable from its machine "
+                        "(or raise --start-timeout)"
                     )
                     break
                 try:
