@@ -262,15 +262,17 @@ def export_model(
             tf.TensorSpec([None], tf.int32, name="lengths"),
         ],
     )
-    archive.add_endpoint(
-        "serve_boosted", boosted(transcribe),
-        input_signature=[tf.TensorSpec([None], tf.float32, name="waveform"), *BOOST_SPECS],
-    )  # fmt: skip
-    archive.add_endpoint(
-        "serve_batch_boosted", boosted(serve_batch),
-        input_signature=[tf.TensorSpec([None, None], tf.float32, name="waveforms"),
-                         tf.TensorSpec([None], tf.int32, name="lengths"), *BOOST_SPECS],
-    )  # fmt: skip
+    boosting = options.method != "ctc"  # CTC search takes no word boosting
+    if boosting:
+        archive.add_endpoint(
+            "serve_boosted", boosted(transcribe),
+            input_signature=[tf.TensorSpec([None], tf.float32, name="waveform"), *BOOST_SPECS],
+        )  # fmt: skip
+        archive.add_endpoint(
+            "serve_batch_boosted", boosted(serve_batch),
+            input_signature=[tf.TensorSpec([None, None], tf.float32, name="waveforms"),
+                             tf.TensorSpec([None], tf.int32, name="lengths"), *BOOST_SPECS],
+        )  # fmt: skip
     archive.write_out(str(out), verbose=False)
     # the tokenizer a client compiles its phrase lists with (`asrkit transcribe --model --boost`)
     shutil.copytree(experiment.tokenizer.model_path.parent, out / "tokenizer", dirs_exist_ok=True)
@@ -281,10 +283,16 @@ def export_model(
             "serving_default": "waveform: mono float32 [S] in [-1, 1], any length",
             "serve_batch": "waveforms: float32 [N, S] zero-padded; lengths: int32 [N] samples; "
             "a batch with a row longer than a window: row by row, each as serving_default",
-            "serve_boosted": "serving_default with word boosting: waveform, and the tables "
-            "of a phrase list (boost_next_state, boost_bonus, boost_final) made with the "
-            "export's tokenizer (asrkit.decoding.boosting.load_boost)",
-            "serve_batch_boosted": "serve_batch with word boosting, the same tables",
+            **(
+                {
+                    "serve_boosted": "serving_default with word boosting: waveform, and the "
+                    "tables of a phrase list (boost_next_state, boost_bonus, boost_final) made "
+                    "with the export's tokenizer (asrkit.decoding.boosting.load_boost)",
+                    "serve_batch_boosted": "serve_batch with word boosting, the same tables",
+                }
+                if boosting
+                else {}
+            ),
         },
         "outputs": OUTPUTS,
         "decoding": describe(options),

@@ -122,8 +122,8 @@ class SavedModelRecogniser:
         signatures = tf.saved_model.load(str(directory)).signatures
         if boost is not None and "serve_batch_boosted" not in signatures:
             raise InputError(
-                f"{directory} was exported without word boosting; export it again with "
-                "this version to use --boost"
+                f"{directory} was exported without word boosting (CTC search, or an older "
+                "asrkit); export it with greedy or beam search and this version to use --boost"
             )
         self.serve = signatures["serve_batch" if boost is None else "serve_batch_boosted"]
         self.boost = {} if boost is None else {
