@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
+from asrkit.decoding.greedy import boost_step
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
@@ -56,7 +57,7 @@ def beam_search(
     beams, where = beam_continue(
         model, encoded, encoder_lengths, beams, max_symbols_per_step, boost=(boost, where)
     )
-    return beam_found(beams._replace(scores=beams.scores + tf.gather(boost.final, where)))
+    return beam_found(taken_back(beams, boost, where))
 
 
 def with_room(beams: Beams, tokens) -> Beams:
@@ -138,6 +139,12 @@ def beam_found(beams: Beams) -> Found:
     return Found(*(tf.gather(x, order, batch_dims=1) for x in fields))
 
 
+def taken_back(beams: Beams, boost, where) -> Beams:
+    """`beams` at the end of the utterance: each hypothesis's open word-boosting match
+    (automaton state `where` [B, K]) given back."""
+    return beams._replace(scores=beams.scores + tf.gather(boost.final, where))
+
+
 def live_slots(scores):
     """[B, K] scores of hypotheses sorted best first -> which hold a hypothesis (an
     utterance with fewer distinct hypotheses than the beam leaves empty slots; the first
@@ -185,9 +192,7 @@ def _expand(model, frame, t, last_round, done, beams: Beams, slot, boost=None, w
     new = extend(model, beams, parent, symbol, emit, t, symbol_log_prob)
     new = new._replace(scores=merge_equal(top_scores, [new.hashes, new.counts, new_done], slot))
     if boost is not None:  # equal sequences are in one automaton state: merging keeps it
-        kept = tf.gather(where, parent, batch_dims=1)
-        stepped = tf.gather_nd(boost.next_state, tf.stack([kept, tf.maximum(symbol, 0)], -1))
-        where = tf.where(emit, stepped, kept)
+        where = boost_step(boost.next_state, tf.gather(where, parent, batch_dims=1), symbol, emit)
     return new_done, same_shapes(new, beams), where
 
 

@@ -86,13 +86,7 @@ def greedy_continue(
         active = t < lengths
         valid, hidden = window_hidden(joint, projected, pred_proj, t, window, lengths)
         log_probs = tf.nn.log_softmax(tf.cast(joint.output_layer(hidden), tf.float32))
-        if boost is None:
-            best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B, W]
-            best_log_prob = tf.reduce_max(log_probs, axis=-1)
-        else:  # the row's state holds until its first emission: one bonus row per window
-            ranked = log_probs + tf.gather(boost.bonus, where)[:, None, :]
-            best = tf.argmax(ranked, axis=-1, output_type=tf.int32)
-            best_log_prob = tf.gather(log_probs, best[..., None], batch_dims=2)[..., 0]
+        best, best_log_prob = best_symbols(log_probs, boost, where)  # [B, W]
         # the first frame of the window whose best symbol is not blank (window: none)
         first = tf.reduce_min(tf.where(valid & (best != BLANK_ID), offsets, window), axis=1)
         emit = first < window
@@ -107,8 +101,7 @@ def greedy_continue(
             (tokens, token_frames, log_ps, counts), (pred_out, state, pred_proj),
         )  # fmt: skip
         if boost is not None:
-            stepped = tf.gather_nd(boost.next_state, tf.stack([where, symbol], axis=-1))
-            where = tf.where(emit, stepped, where)
+            where = boost_step(boost.next_state, where, symbol, emit)
         run = tf.where(first > 0, 0, run) + 1
         full = emit & (run >= max_symbols_per_step)  # this frame has had its symbols
         t = tf.where(emit, t + first + tf.cast(full, tf.int32), t + window)
@@ -120,6 +113,24 @@ def greedy_continue(
     result = tf.while_loop(lambda t, *_: tf.reduce_any(t < lengths), body, loop)
     boosted = (result[10],) if boost is not None else ()
     return Found(*result[5:10]), (result[2], result[3], *boosted)
+
+
+def best_symbols(log_probs, boost=None, where=None):
+    """[B, W, V] log-probs -> each position's chosen symbol and its log-prob [B, W]: the
+    most probable, or with `boost` tables the one whose log-prob plus the row's
+    word-boosting bonus (state `where` [B], held through the window) is highest."""
+    if boost is None:
+        return tf.argmax(log_probs, axis=-1, output_type=tf.int32), tf.reduce_max(log_probs, -1)
+    ranked = log_probs + tf.gather(boost.bonus, where)[:, None, :]
+    best = tf.argmax(ranked, axis=-1, output_type=tf.int32)
+    return best, tf.gather(log_probs, best[..., None], batch_dims=2)[..., 0]
+
+
+def boost_step(next_state, where, symbol, emit):
+    """Word-boosting states [...] after `symbol` where `emit`, as they were elsewhere
+    (`symbol` may be negative where nothing is emitted)."""
+    stepped = tf.gather_nd(next_state, tf.stack([where, tf.maximum(symbol, 0)], axis=-1))
+    return tf.where(emit, stepped, where)
 
 
 def window_hidden(joint, projected, pred_proj, t, window, lengths):

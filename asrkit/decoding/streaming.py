@@ -12,9 +12,9 @@ partial chunk), finds exactly the tokens (and frames) greedy search finds on the
 waveform (tested). With `beam` > 1 the state carries modified beam search's hypotheses
 instead, and the stream ends with exactly the hypotheses beam search keeps on the whole
 waveform (tested); its text so far is the best hypothesis so far, which a later frame can
-revise. With word boosting (`boost` tables) the carry also holds each hypothesis's automaton state,
-and the stream finds what the boosted search finds on the whole waveform (tested).
-A TDT model streams with its greedy search: a duration that jumps past the frames
+revise. With word boosting (`boost` tables) the carry also holds each hypothesis's
+automaton state, and the stream finds what the boosted search finds on the whole waveform
+(tested). A TDT model streams with its greedy search: a duration that jumps past the frames
 encoded so far goes on into the next piece's. That needs an encoder that streams: the LSTM
 encoder (causal), or a Conformer trained with chunks (`model.encoder.chunk_frames`); a
 full-context Conformer attends to the whole utterance.
@@ -27,7 +27,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from asrkit.config import DecodeConfig, FeatureConfig
-from asrkit.decoding.beam import Beams, beam_continue, beam_found, beam_start
+from asrkit.decoding.beam import Beams, beam_continue, beam_found, beam_start, taken_back
 from asrkit.decoding.boosting import BoostTables
 from asrkit.decoding.greedy import greedy_continue, greedy_start
 from asrkit.decoding.tdt_greedy import tdt_greedy_continue, tdt_greedy_start
@@ -181,9 +181,7 @@ class StreamingDecoder:
             tokens=beams.tokens[:, :, :room], frames=beams.frames[:, :, :room],
             log_probs=beams.log_probs[:, :, :room],
         )  # fmt: skip
-        ranked = beams
-        if self.boost is not None and last:
-            ranked = beams._replace(scores=beams.scores + tf.gather(self.boost.final, where))
+        ranked = taken_back(beams, self.boost, where) if self.boost is not None and last else beams
         best = beam_found(ranked)
         count = best.counts[0, 0]
         tokens, frames = best.tokens[0, 0, :count], best.frames[0, 0, :count]

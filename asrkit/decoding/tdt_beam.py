@@ -29,8 +29,10 @@ from asrkit.decoding.beam import (
     extend,
     merge_equal,
     same_shapes,
+    taken_back,
     with_room,
 )
+from asrkit.decoding.greedy import boost_step
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step
@@ -103,12 +105,9 @@ def tdt_beam_search(
         new_run = tf.ensure_shape(new_run, run.shape)
         if boost is not None:  # equal sequences are in one automaton state
             kept = tf.gather(where, parent, batch_dims=1)
-            stepped = tf.gather_nd(boost.next_state, tf.stack([kept, tf.maximum(symbol, 0)], -1))
-            where = tf.ensure_shape(tf.where(emit, stepped, kept), where.shape)
+            where = tf.ensure_shape(boost_step(boost.next_state, kept, symbol, emit), where.shape)
         return same_shapes(new, beams), new_time, new_run, where
 
     where = tf.zeros([batch, k], tf.int32)  # each hypothesis's word-boosting state
     beams, _, _, where = tf.while_loop(cond, body, [beams, time, run, where])
-    if boost is not None:
-        beams = beams._replace(scores=beams.scores + tf.gather(boost.final, where))
-    return beam_found(beams)
+    return beam_found(beams if boost is None else taken_back(beams, boost, where))

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
-from asrkit.decoding.greedy import emit_and_advance, window_hidden
+from asrkit.decoding.greedy import best_symbols, boost_step, emit_and_advance, window_hidden
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step
@@ -86,13 +86,7 @@ def tdt_greedy_continue(
         valid, hidden = window_hidden(joint, projected, pred_proj, t, window, lengths)
         log_probs = tf.nn.log_softmax(tf.cast(joint.output_layer(hidden), tf.float32))
         duration_log_probs = tf.nn.log_softmax(tf.cast(joint.duration_layer(hidden), tf.float32))
-        if boost is None:
-            best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B, W]
-            best_log_prob = tf.reduce_max(log_probs, -1)
-        else:  # the row's state holds until its first emission: one bonus row per window
-            ranked = log_probs + tf.gather(boost.bonus, where)[:, None, :]
-            best = tf.argmax(ranked, axis=-1, output_type=tf.int32)
-            best_log_prob = tf.gather(log_probs, best[..., None], batch_dims=2)[..., 0]
+        best, best_log_prob = best_symbols(log_probs, boost, where)  # [B, W]
         skip = tf.gather(durations, tf.argmax(duration_log_probs, -1, output_type=tf.int32))
         step_score = best_log_prob + tf.reduce_max(duration_log_probs, -1)
         # Where each window position's decision leads: a blank jumps (at least one frame),
@@ -120,8 +114,7 @@ def tdt_greedy_continue(
             (tokens, token_frames, log_ps, counts), (pred_out, state, pred_proj),
         )  # fmt: skip
         if boost is not None:
-            stepped = tf.gather_nd(boost.next_state, tf.stack([where, symbol], axis=-1))
-            where = tf.where(emit, stepped, where)
+            where = boost_step(boost.next_state, where, symbol, emit)
         run = tf.where(emit, tf.where(last == frame, run + 1, 1), run)
         last = tf.where(emit, frame, last)
         forced = emit & (symbol_skip == 0) & (run >= max_symbols_per_step)
