@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import re
 import secrets
 import socket
@@ -51,6 +50,9 @@ class WorkerLost(UserError, RuntimeError):
 class Cluster:
     workers: tuple[str, ...]  # host:port of every worker; the first is the chief
     index: int  # this process's place in `workers`
+    # TensorFlow's names: the chief its own `chief` task (a scheduler's TF_CONFIG), or
+    # `worker` 0 like the others (--workers)
+    chief_task: bool = False
 
     @property
     def chief(self) -> bool:
@@ -60,11 +62,17 @@ class Cluster:
         return f"worker {index} ({self.workers[index]})"
 
     def tf_config(self) -> str:
-        """The TF_CONFIG of this worker: every address a `worker` task, the first the chief."""
-        return json.dumps(
-            {"cluster": {"worker": list(self.workers)}, "task": {"type": "worker",
-                                                                  "index": self.index}}
-        )  # fmt: skip
+        """The TF_CONFIG of this worker (`cluster_from_tf_config` reads it back)."""
+        if not self.chief_task:
+            jobs, task = {"worker": list(self.workers)}, ("worker", self.index)
+        else:
+            jobs = {"chief": list(self.workers[:1]), "worker": list(self.workers[1:])}
+            task = ("chief", 0) if self.chief else ("worker", self.index - 1)
+        return json.dumps({"cluster": jobs, "task": {"type": task[0], "index": task[1]}})
+
+    def index_of(self, job: str, task: int) -> int:
+        """The place in `workers` of TensorFlow's task `task` of `job`."""
+        return task + (1 if job == "worker" and self.chief_task else 0)
 
 
 def parse_workers(text: str, index: int | None) -> Cluster:
@@ -115,7 +123,7 @@ def cluster_from_tf_config(text: str) -> Cluster:
         raise ClusterError(f"TF_CONFIG: task {task_type} {task_index} is not in its cluster")
     for address in workers:
         _host_port(address, "TF_CONFIG")
-    return Cluster(tuple(workers), index)
+    return Cluster(tuple(workers), index, chief_task=bool(jobs.get("chief")))
 
 
 def _host_port(address: str, where: str) -> tuple[str, int]:
@@ -337,7 +345,7 @@ def lost_worker(cluster: Cluster, error: Exception, where: str) -> WorkerLost:
     text = str(error)
     named = None
     for job, task in _TASK.findall(text):
-        index = int(task) + (1 if job == "worker" and _has_chief_job() else 0)
+        index = cluster.index_of(job, int(task))
         if index != cluster.index and index < len(cluster.workers):
             named = cluster.name(index)
             break
@@ -355,9 +363,3 @@ _REASONS = (  # what TensorFlow's message says -> in a few words
     ("failed to connect", "cannot connect to it"),
     ("Deadline Exceeded", "a collective timed out"),
 )
-
-
-def _has_chief_job() -> bool:
-    with contextlib.suppress(ValueError, KeyError, TypeError):
-        return "chief" in json.loads(os.environ.get("TF_CONFIG", "{}"))["cluster"]
-    return False

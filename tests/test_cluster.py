@@ -147,14 +147,15 @@ def test_the_worker_list_becomes_tensorflow_config():
 def test_a_scheduler_config_with_a_chief_task_puts_the_chief_first():
     spec = {"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"]},
             "task": {"type": "worker", "index": 1}}  # fmt: skip
-    assert cluster_from_tf_config(json.dumps(spec)) == Cluster(("c:1", "w:1", "w:2"), 2)
+    cluster = cluster_from_tf_config(json.dumps(spec))
+    assert cluster == Cluster(("c:1", "w:1", "w:2"), 2, chief_task=True)
+    assert json.loads(cluster.tf_config()) == spec  # written back as the scheduler wrote it
     spec["cluster"]["ps"] = ["p:1"]
     with pytest.raises(ClusterError, match="parameter servers"):
         cluster_from_tf_config(json.dumps(spec))
 
 
-def test_a_lost_worker_is_named_from_tensorflows_message(monkeypatch):
-    monkeypatch.delenv("TF_CONFIG", raising=False)
+def test_a_lost_worker_is_named_from_tensorflows_message():
     cluster = Cluster(("h0:1", "h1:1", "h2:1"), 0)
     heartbeat = (
         "{{function_node __wrapped__CollectiveReduceV2_device_/job:worker/replica:0/task:0/"
@@ -170,6 +171,11 @@ def test_a_lost_worker_is_named_from_tensorflows_message(monkeypatch):
              "error information from remote target /job:worker/replica:0/task:0")  # fmt: skip
     err = lost_worker(Cluster(cluster.workers, 1), RuntimeError(reset), "x")
     assert str(err).startswith("worker 0 (h0:1) stopped answering (its connection was reset)")
+    # A scheduler's chief task: the chief reports, TensorFlow's worker 1 is the list's 2.
+    scheduled = Cluster(cluster.workers, 0, chief_task=True)
+    from_chief = heartbeat.replace("job:worker/replica:0/task:0", "job:chief/replica:0/task:0")
+    err = lost_worker(scheduled, RuntimeError(from_chief.replace("task:2", "task:1")), "x")
+    assert str(err).startswith("worker 2 (h2:1) stopped answering")
 
 
 def test_workers_meet_over_ipv6_too(tmp_path):
