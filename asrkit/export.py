@@ -238,7 +238,7 @@ def export_model(
         )
 
     def boosted(fn):
-        """`fn` with the word-boosting tables as three more inputs (`BOOST_INPUTS`)."""
+        """`fn` with the word-boosting tables as three more inputs (`BOOST_SPECS`)."""
 
         def with_tables(*inputs):
             *audio, next_state, bonus, final = inputs

@@ -96,14 +96,15 @@ def main(argv=None) -> int:
             print(f"{name}, {label}: recall {hits}/{total} ({recall:.1f} %), WER without "
                   f"boosted phrases {100 * clean.wer:.2f} %, all {100 * everything.wer:.2f} %, "
                   f"false alarms {alarms}/{len(plain_rows)}")  # fmt: skip
-        _time(network, tokenizer, options, name, batches, args, load_boost, max(weights))
+        _time(network, tokenizer, options, name, batches, args, max(weights))
     return 0
 
 
-def _time(network, tokenizer, options, name, batches, args, load_boost, weight):
+def _time(network, tokenizer, options, name, batches, args, weight):
     """Seconds to decode `--timed` utterances one per call and in one call."""
     import numpy as np
 
+    from asrkit.decoding.boosting import load_boost
     from asrkit.decoding.search import decode_batch
 
     feats = np.concatenate([b.features[:, : min(b.features.shape[1] for b in batches)]

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, args.chunk_frames)
     network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     options = search_options(args, config.decode.max_symbols_per_step, config.model)
-    boost = boost_for(args, network, tokenizer, config)
+    boost = boost_for(args, tokenizer, network.vocab_size, config.decode.boost_weight)
     if args.shards:
         check_shards(args.shards, config, tokenizer)
         report = decode_shards(

@@ -107,12 +107,12 @@ def add_chunk_argument(parser) -> None:
     )  # fmt: skip
 
 
-def boost_for(args: argparse.Namespace, network, tokenizer, config):
-    """The word-boosting tables `--boost` asks for (None without it); `config`: the
-    experiment's, whose decode.boost_weight applies unless --boost-weight is given."""
+def boost_for(args: argparse.Namespace, tokenizer, vocab_size: int, default_weight: float):
+    """The word-boosting tables `--boost` asks for (None without it), over `vocab_size`
+    ids; `default_weight` (the experiment's decode.boost_weight) unless --boost-weight."""
     if not getattr(args, "boost", None):
         return None
     from asrkit.decoding.boosting import load_boost
 
-    weight = config.decode.boost_weight if args.boost_weight is None else args.boost_weight
-    return load_boost(args.boost, tokenizer, network.vocab_size, weight)
+    weight = default_weight if args.boost_weight is None else args.boost_weight
+    return load_boost(args.boost, tokenizer, vocab_size, weight)

@@ -188,7 +188,8 @@ def _experiment_recogniser(args):
     )
     config = experiment.config
     options = search_options(args, config.decode.max_symbols_per_step, config.model)
-    boost = boost_for(args, experiment.network, experiment.tokenizer, config)
+    boost = boost_for(args, experiment.tokenizer, experiment.network.vocab_size,
+                      config.decode.boost_weight)  # fmt: skip
     return NetworkRecogniser.of(experiment, options, boost)
 
 
@@ -210,7 +211,6 @@ def _model_recogniser(args):
     boost = None
     if args.boost:
         from asrkit.config import DecodeConfig
-        from asrkit.decoding.boosting import load_boost
         from asrkit.tokenizer import Tokenizer
 
         if not (Path(args.model) / "tokenizer").is_dir():
@@ -219,6 +219,5 @@ def _model_recogniser(args):
                 "it again with this version"
             )
         tokenizer = Tokenizer.load(Path(args.model) / "tokenizer")
-        weight = DecodeConfig.boost_weight if args.boost_weight is None else args.boost_weight
-        boost = load_boost(args.boost, tokenizer, tokenizer.vocab_size, weight)
+        boost = boost_for(args, tokenizer, tokenizer.vocab_size, DecodeConfig.boost_weight)
     return SavedModelRecogniser(args.model, boost)

@@ -154,8 +154,7 @@ def boost_tables(sequences: dict[tuple[int, ...], float], vocab_size: int) -> Bo
             next_state[node, token] = child
             queue.append(child)
     next_state[:, BLANK_ID] = np.arange(states)
-    reached = next_state
-    bonus = output[reached] + pending[reached] - pending[:, None]
+    bonus = output[next_state] + pending[next_state] - pending[:, None]
     bonus[:, BLANK_ID] = 0.0
     return BoostTables(next_state, bonus.astype(np.float32), (-pending).astype(np.float32))
 
