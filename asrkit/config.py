@@ -489,10 +489,14 @@ class DecodeConfig:
     # word boosting (`--boost`): bonus per piece of a phrase, in nats, where its line gives
     # none (2.0, icefall's default, over-boosted the mini recipe's model)
     boost_weight: float = 1.0
+    # n-gram LM shallow fusion (`--lm`): the LM's log-probabilities times lm_weight; with
+    # `--lodr`, a low-order LM of the training transcripts times -lodr_weight
+    lm_weight: float = 0.3
+    lodr_weight: float = 0.1
 
     def __post_init__(self):
         _at_least(self, "decode", max_symbols_per_step=1)
-        _at_least(self, "decode", boost_weight=0)
+        _at_least(self, "decode", boost_weight=0, lm_weight=0, lodr_weight=0)
 
 
 # The version of the config schema (and of the checkpoints' state.json). A recorded

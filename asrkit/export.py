@@ -1,7 +1,7 @@
 """SavedModel export: waveforms in, transcripts with timed words out, all in one graph.
 
-Two signatures, the same graph (and each again with word boosting, the phrase list's tables
-as inputs: `serve_boosted`, `serve_batch_boosted`):
+Two signatures, the same graph (and each again with word boosting and n-gram LM fusion,
+their tables as inputs: `serve_boosted`, `serve_batch_boosted`):
 * `serving_default`: one mono float32 waveform at the model's sample rate (16 kHz by
   default), any length: one longer than a window (the longest training utterance) is
   decoded in windows, cut and joined as `asrkit transcribe` does, in bounded memory.
@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from asrkit import __version__
 from asrkit.decoding.beam import live_slots
-from asrkit.decoding.boosting import BoostTables
+from asrkit.decoding.fusion import FusionTables
 from asrkit.decoding.long_audio import windowing_for
 from asrkit.decoding.search import DecodeOptions, describe, search
 from asrkit.decoding.windows_graph import graph_windows
@@ -57,9 +57,10 @@ OUTPUTS = {
 }
 
 
-# The word-boosting tables the boosted signatures take (`asrkit.decoding.boosting`): a phrase
-# list compiled with the export's own tokenizer (its copy in `tokenizer/`), per request.
+# The tables the boosted signatures take (`asrkit.decoding.fusion`): a phrase list and/or an
+# n-gram LM compiled with the export's own tokenizer (its copy in `tokenizer/`), per request.
 BOOST_SPECS = (
+    tf.TensorSpec([None], tf.int32, name="boost_start"),
     tf.TensorSpec([None, None], tf.int32, name="boost_next_state"),
     tf.TensorSpec([None, None], tf.float32, name="boost_bonus"),
     tf.TensorSpec([None], tf.float32, name="boost_final"),
@@ -104,7 +105,7 @@ def export_model(
 
     def decode_batch(waveforms, lengths, boost=None):
         """The search's result for padded waveforms [N, S] of `lengths` samples (`boost`:
-        word-boosting tables as tensors, or None)."""
+        fusion tables as tensors, or None)."""
         lengths = tf.cast(lengths, tf.int32)
         feats, frames = log_mel_batch(waveforms, lengths, features)  # [N, T, F], [N]
         feats = (feats - mean) / std
@@ -238,11 +239,11 @@ def export_model(
         )
 
     def boosted(fn):
-        """`fn` with the word-boosting tables as three more inputs (`BOOST_SPECS`)."""
+        """`fn` with the fusion tables as four more inputs (`BOOST_SPECS`)."""
 
         def with_tables(*inputs):
-            *audio, next_state, bonus, final = inputs
-            return fn(*audio, BoostTables(next_state, bonus, final))
+            *audio, start, next_state, bonus, final = inputs
+            return fn(*audio, FusionTables(start, next_state, bonus, final))
 
         return with_tables
 
@@ -274,7 +275,7 @@ def export_model(
                              tf.TensorSpec([None], tf.int32, name="lengths"), *BOOST_SPECS],
         )  # fmt: skip
     archive.write_out(str(out), verbose=False)
-    # the tokenizer a client compiles its phrase lists with (`asrkit transcribe --model --boost`)
+    # the tokenizer a client compiles phrase lists and LMs with (`transcribe --model --boost`)
     shutil.copytree(experiment.tokenizer.model_path.parent, out / "tokenizer", dirs_exist_ok=True)
     info = {
         "asrkit_version": __version__,
@@ -285,10 +286,11 @@ def export_model(
             "a batch with a row longer than a window: row by row, each as serving_default",
             **(
                 {
-                    "serve_boosted": "serving_default with word boosting: waveform, and the "
-                    "tables of a phrase list (boost_next_state, boost_bonus, boost_final) made "
-                    "with the export's tokenizer (asrkit.decoding.boosting.load_boost)",
-                    "serve_batch_boosted": "serve_batch with word boosting, the same tables",
+                    "serve_boosted": "serving_default with word boosting and/or LM fusion: "
+                    "waveform, and the tables (boost_start, boost_next_state, boost_bonus, "
+                    "boost_final) of a phrase list and/or an n-gram LM made with the export's "
+                    "tokenizer (asrkit.decoding.fusion.combine)",
+                    "serve_batch_boosted": "serve_batch with the same tables",
                 }
                 if boosting
                 else {}

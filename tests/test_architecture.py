@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "asrkit"
 RANKS = {
     "asrkit": 0, "errors": 0, "sizes": 0, "outputs": 1,
     "config": 1, "progress": 1, "cluster": 1,
-    "audio": 2, "tokenizer": 2, "metrics": 2,
+    "audio": 2, "tokenizer": 2, "metrics": 2, "ngram": 2,
     "features": 3, "nemo_mel": 2,
     # peers: the network and its losses never read data, data never builds a network
     "data": 5, "models": 5, "losses": 5,

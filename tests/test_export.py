@@ -659,13 +659,17 @@ def test_the_export_decodes_a_long_waveform_in_windows_as_transcribe_does(experi
 
 @pytest.mark.parametrize("method", ["greedy", pytest.param("beam", marks=pytest.mark.slow)])
 def test_the_export_boosts_the_phrases_it_is_given_as_decoding_does(experiment, tmp_path, method):
-    """`serve_batch_boosted` with a phrase list's tables gives the boosted network search's
-    texts (`asrkit transcribe --model --boost` = `--exp-dir --boost`); tables of no phrase
-    give `serve_batch`'s. The phrases are compiled with the tokenizer the export carries."""
+    """`serve_batch_boosted` with a phrase list's and an LM's tables gives the network
+    search's texts with them (`asrkit transcribe --model --boost` = `--exp-dir --boost`);
+    tables of no phrase give `serve_batch`'s. The phrases are compiled with the tokenizer
+    the export carries."""
     from asrkit.cli.main import main
     from asrkit.decoding.boosting import load_boost, no_boost
+    from asrkit.decoding.fusion import combine
+    from asrkit.decoding.lm_fusion import lm_automaton
     from asrkit.decoding.search import DecodeOptions
     from asrkit.decoding.transcribe import SavedModelRecogniser
+    from asrkit.ngram import estimate, write_arpa
 
     _, exp, utts = experiment
     options = DecodeOptions(method, beam=3)
@@ -675,16 +679,21 @@ def test_the_export_boosts_the_phrases_it_is_given_as_decoding_does(experiment, 
     plain = [t.text for t in transcribe_files(NetworkRecogniser.of(loaded, options), paths)]
     phrases = tmp_path / "phrases.txt"
     phrases.write_text("tarot\nnest\nstone\n")
-    tables = load_boost(phrases, loaded.tokenizer, loaded.network.vocab_size, 3.0)
+    tokenizer, vocab = loaded.tokenizer, loaded.network.vocab_size
+    pieces = [tokenizer.piece(i) for i in range(vocab)]
+    lm = estimate([[pieces[i] for i in tokenizer.encode("the tarot nest stone")]], 2, pieces[1:])
+    tables = combine(load_boost(phrases, tokenizer, vocab, 3.0), lm_automaton(lm, pieces, 0.5))
     want = [t.text for t in transcribe_files(
         NetworkRecogniser.of(loaded, options, boost=tables), paths)]  # fmt: skip
     assert want != plain
     served = [t.text for t in transcribe_files(SavedModelRecogniser(out, tables), paths)]
     assert served == want
-    none = no_boost(loaded.network.vocab_size)
+    none = combine(no_boost(loaded.network.vocab_size))
     assert [t.text for t in transcribe_files(SavedModelRecogniser(out, none), paths)] == plain
     listed = tmp_path / "cli"
+    arpa = write_arpa(lm, tmp_path / "lm.arpa")
     assert main(["transcribe", "--model", str(out), "--boost", str(phrases), "--boost-weight",
-                 "3", "--out-dir", str(listed), *paths]) == 0  # fmt: skip
+                 "3", "--lm", str(arpa), "--lm-weight", "0.5", "--out-dir", str(listed),
+                 *paths]) == 0  # fmt: skip
     assert [(listed / f"{Path(p).stem}.txt").read_text().split("\t")[-1].strip()
             for p in paths] == want  # fmt: skip

@@ -41,46 +41,29 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
 
-    from asrkit.audio import read_audio
-    from asrkit.data.manifest import read_manifest
     from asrkit.decoding.boosting import load_boost, read_phrases
-    from asrkit.decoding.runner import featurise_samples
-    from asrkit.decoding.search import DecodeOptions, decode_batch
-    from asrkit.experiment import load_experiment
-    from asrkit.features import normalizer_for
+    from asrkit.decoding.fusion import combine
+    from asrkit.decoding.search import DecodeOptions
     from asrkit.metrics import error_rates, normalize
 
-    experiment = load_experiment(args.exp_dir, average=args.average)
-    network, tokenizer, config = experiment.network, experiment.tokenizer, experiment.config
-    utts = read_manifest(args.manifest)
-    audio = [read_audio(u.audio_path, config.features.sample_rate) for u in utts]
-    normalize_features = normalizer_for(config.data.cmvn)
-    groups = [list(range(i, min(i + 16, len(utts)))) for i in range(0, len(utts), 16)]
-    batches = [featurise_samples([audio[i] for i in g], config.features, normalize_features)
-               for g in groups]  # fmt: skip
+    network, tokenizer, config, batches, references = load_test_set(args)
     boosted = [normalize(p.text) for p in read_phrases(args.boost)]
     said = [normalize(p.text) for p in read_phrases(args.said)]
-    references = [normalize(u.text) for u in utts]
     plain_rows = [i for i, r in enumerate(references) if not _holds_any(r, boosted)]
-    print(f"{len(utts)} utterances, {len(utts) - len(plain_rows)} with a boosted phrase; "
-          f"{len(boosted)} phrases boosted, {len(said)} of them said")  # fmt: skip
+    print(f"{len(references)} utterances, {len(references) - len(plain_rows)} with a boosted "
+          f"phrase; {len(boosted)} phrases boosted, {len(said)} of them said")  # fmt: skip
 
     def decode(options, boost):
-        texts = []
-        for batch in batches:
-            found = decode_batch(network, batch.features, batch.feature_lengths, tokenizer,
-                                 options, boost)  # fmt: skip
-            texts += [h.text for h in found]
-        return [normalize(t) for t in texts]
+        return decode_texts(network, tokenizer, batches, options, boost)
 
     weights = [float(w) for w in args.weights.split(",")]
     for method in args.methods.split(","):
         options = DecodeOptions(method, args.beam, config.decode.max_symbols_per_step)
         name = f"beam {args.beam}" if method == "beam" else method
         for weight in [None, *weights]:
-            boost = None if weight is None else load_boost(
+            boost = None if weight is None else combine(load_boost(
                 args.boost, tokenizer, network.vocab_size, weight
-            )  # fmt: skip
+            ))  # fmt: skip
             hyps = decode(options, boost)
             hits = total = 0
             for ref, hyp in zip(references, hyps, strict=True):
@@ -100,31 +83,73 @@ def main(argv=None) -> int:
     return 0
 
 
-def _time(network, tokenizer, options, name, batches, args, weight):
-    """Seconds to decode `--timed` utterances one per call and in one call."""
+def load_test_set(args):
+    """The experiment (`--exp-dir`, `--average`) and `--manifest` featurised in batches of
+    16: (network, tokenizer, config, batches, normalised references)."""
+    from asrkit.audio import read_audio
+    from asrkit.data.manifest import read_manifest
+    from asrkit.decoding.runner import featurise_samples
+    from asrkit.experiment import load_experiment
+    from asrkit.features import normalizer_for
+    from asrkit.metrics import normalize
+
+    experiment = load_experiment(args.exp_dir, average=args.average)
+    network, tokenizer, config = experiment.network, experiment.tokenizer, experiment.config
+    utts = read_manifest(args.manifest)
+    audio = [read_audio(u.audio_path, config.features.sample_rate) for u in utts]
+    normalize_features = normalizer_for(config.data.cmvn)
+    groups = [list(range(i, min(i + 16, len(utts)))) for i in range(0, len(utts), 16)]
+    batches = [featurise_samples([audio[i] for i in g], config.features, normalize_features)
+               for g in groups]  # fmt: skip
+    return network, tokenizer, config, batches, [normalize(u.text) for u in utts]
+
+
+def decode_texts(network, tokenizer, batches, options, boost) -> list[str]:
+    """Each utterance's normalised hypothesis."""
+    from asrkit.decoding.search import decode_batch
+    from asrkit.metrics import normalize
+
+    texts = []
+    for batch in batches:
+        found = decode_batch(network, batch.features, batch.feature_lengths, tokenizer,
+                             options, boost)  # fmt: skip
+        texts += [h.text for h in found]
+    return [normalize(t) for t in texts]
+
+
+def time_tables(network, tokenizer, options, name, batches, args, tables, labels) -> None:
+    """Seconds to decode `args.timed` utterances one per call and all in one call, without
+    and with `tables` (median and range over `args.repeats`), and the ratio."""
     import numpy as np
 
-    from asrkit.decoding.boosting import load_boost
     from asrkit.decoding.search import decode_batch
 
     feats = np.concatenate([b.features[:, : min(b.features.shape[1] for b in batches)]
                             for b in batches])[: args.timed]  # fmt: skip
     lengths = np.full([len(feats)], feats.shape[1], np.int32)
-    boost = load_boost(args.boost, tokenizer, network.vocab_size, weight)
+    plain, fused = labels
     for per_call in (1, len(feats)):
         figures = {}
-        for label, tables in (("no boost", None), ("boost", boost)):
+        for label, boost in ((plain, None), (fused, tables)):
 
-            def run(tables=tables, per_call=per_call):
+            def run(boost=boost, per_call=per_call):
                 for i in range(0, len(feats), per_call):
                     decode_batch(network, feats[i : i + per_call], lengths[i : i + per_call],
-                                 tokenizer, options, tables)  # fmt: skip
+                                 tokenizer, options, boost)  # fmt: skip
 
             figures[label] = timed(run, repeats=args.repeats)
-        ratio = figures["boost"].median / figures["no boost"].median
-        print(f"{name}, {len(feats)} utterances, {per_call} per call: no boost "
-              f"{figures['no boost'].format('.3f')} s, boost {figures['boost'].format('.3f')} s "
+        ratio = figures[fused].median / figures[plain].median
+        print(f"{name}, {len(feats)} utterances, {per_call} per call: {plain} "
+              f"{figures[plain].format('.3f')} s, {fused} {figures[fused].format('.3f')} s "
               f"(x{ratio:.2f})")  # fmt: skip
+
+
+def _time(network, tokenizer, options, name, batches, args, weight):
+    from asrkit.decoding.boosting import load_boost
+    from asrkit.decoding.fusion import combine
+
+    boost = combine(load_boost(args.boost, tokenizer, network.vocab_size, weight))
+    time_tables(network, tokenizer, options, name, batches, args, boost, ("no boost", "boost"))
 
 
 def _count(text: str, phrase: str) -> int:

@@ -1,4 +1,5 @@
-"""`asrkit corpus synth`: make the built-in synthetic LibriSpeech-layout corpus."""
+"""`asrkit corpus synth`: make the built-in synthetic LibriSpeech-layout corpus; `asrkit
+corpus text`: sentences of its grammar, text only (e.g. to train an LM)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,18 @@ def register(subparsers) -> None:
     synth = actions.add_parser("synth", help="synthesise a LibriSpeech-layout corpus with TTS")
     add_synth_arguments(synth)
     synth.set_defaults(func=run_synth)
+    text = actions.add_parser("text", help="sentences of the synthetic corpus's grammar")
+    text.add_argument("--out", required=True, help="the text file to write")
+    text.add_argument("--count", type=int, required=True, help="sentences")
+    text.add_argument("--seed", type=int, default=0)
+    text.add_argument("--language", default="en", choices=["en", "de"])
+    text.add_argument(
+        "--entities",
+        metavar="FILE",
+        help="names or terms, one per line, said in --entity-share of them",
+    )
+    text.add_argument("--entity-share", type=float, default=0.5, metavar="F")
+    text.set_defaults(func=run_text)
 
 
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +78,23 @@ def run_synth(args: argparse.Namespace) -> int:
     for part, count in report.utterances.items():
         voices = ", ".join(report.voices[part])
         print(f"{part}: {count} utterances, {report.hours[part]:.2f} h; voices: {voices}")
+    return 0
+
+
+def run_text(args: argparse.Namespace) -> int:
+    from asrkit.data.synthetic import grammar_text
+    from asrkit.outputs import writable_parent, write_files
+
+    if args.count < 1:
+        raise InputError(f"--count must be >= 1, got {args.count}")
+    if not 0 <= args.entity_share <= 1:
+        raise InputError(f"--entity-share must be in [0, 1], got {args.entity_share}")
+    entities = _read_entities(args.entities) if args.entities else ()
+    out = writable_parent(args.out, "--out")
+    entities = tuple(" ".join(e.upper().split()) for e in entities)
+    lines = grammar_text(args.count, args.seed, args.language, entities, args.entity_share)
+    write_files(out.parent, {out.name: "\n".join(lines) + "\n"})
+    print(f"{len(lines)} sentences -> {args.out}")
     return 0
 
 

@@ -7,10 +7,11 @@ import json
 
 from asrkit.cli.options import (
     add_chunk_argument,
+    add_fusion_arguments,
     add_search_arguments,
     add_weights_arguments,
-    boost_for,
     check_search_arguments,
+    fusion_for,
     search_options,
 )
 
@@ -24,6 +25,7 @@ def register(subparsers) -> None:
     source.add_argument("--shards", help="directory of *.tfrecord shards (asrkit features extract)")
     source.add_argument("--manifest", help="JSONL manifest (audio is read and featurised here)")
     add_search_arguments(decode)
+    add_fusion_arguments(decode)
     add_weights_arguments(decode)
     add_chunk_argument(decode)
     decode.add_argument(
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, args.chunk_frames)
     network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     options = search_options(args, config.decode.max_symbols_per_step, config.model)
-    boost = boost_for(args, tokenizer, network.vocab_size, config.decode.boost_weight)
+    boost = fusion_for(args, tokenizer, network.vocab_size, config.decode)
     if args.shards:
         check_shards(args.shards, config, tokenizer)
         report = decode_shards(
@@ -71,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     method = f"beam {args.beam}" if args.method == "beam" else args.method
     if args.boost:
         method += f", boosting {args.boost}"
+    if args.lm:
+        method += f", LM {args.lm}" + (f" - LODR {args.lodr}" if args.lodr else "")
     summary = (
         f"{args.shards or args.manifest}: {method}, weights {weights}: WER {r.wer * 100:.2f} % "
         f"(S {r.substitutions}, D {r.deletions}, I {r.insertions} of {r.words} words), "

@@ -26,6 +26,7 @@ from asrkit.cli import (
     export,
     features,
     import_model,
+    lm,
     plan,
     plot,
     prepare,
@@ -39,7 +40,7 @@ from asrkit.errors import UserError
 # Each subcommand module exposes `register(subparsers)`; its parser sets `func`.
 SUBCOMMANDS = (
     corpus, prepare, tokenizer, features, plan, train, verify, average, decode, calibrate,
-    export, transcribe, plot, import_model,
+    export, transcribe, plot, import_model, lm,
 )  # fmt: skip
 
 

@@ -19,12 +19,32 @@ def add_search_arguments(parser, help: str | None = None) -> None:
                         help=help or "greedy or beam search, or greedy CTC search (a hybrid "
                         "model's CTC head)")  # fmt: skip
     parser.add_argument("--beam", type=int, default=4, help="beam size (--method beam)")
+
+
+def add_fusion_arguments(parser) -> None:
+    """Word boosting and n-gram LM fusion (greedy and beam search)."""
     parser.add_argument("--boost", metavar="FILE",
                         help="word boosting: a phrase per line, or phrase<TAB>weight "
                         "(greedy and beam search)")  # fmt: skip
     parser.add_argument("--boost-weight", type=float, metavar="W",
                         help="bonus per piece of a boosted phrase, in nats, where its line "
                         "gives none (default: the experiment's decode.boost_weight)")  # fmt: skip
+    parser.add_argument("--lm", metavar="ARPA",
+                        help="shallow fusion of an n-gram LM over the model's pieces (ARPA, "
+                        "plain or .gz; `asrkit lm train` makes one); best with --method "
+                        "beam")  # fmt: skip
+    parser.add_argument(
+        "--lm-weight",
+        type=float,
+        metavar="W",
+        help="the LM's log-probabilities times W (default: decode.lm_weight)",
+    )
+    parser.add_argument("--lodr", metavar="ARPA",
+                        help="a low-order LM of the training transcripts, subtracted "
+                        "(LODR: the model's internal LM not counted twice)")  # fmt: skip
+    parser.add_argument("--lodr-weight", type=float, metavar="W",
+                        help="the low-order LM's log-probabilities times -W (default: "
+                        "decode.lodr_weight)")  # fmt: skip
 
 
 def check_search_arguments(args: argparse.Namespace) -> None:
@@ -34,17 +54,7 @@ def check_search_arguments(args: argparse.Namespace) -> None:
 
     if args.beam < 1:
         raise InputError(f"--beam must be >= 1, got {args.beam}")
-    if getattr(args, "boost", None):
-        import math
-
-        from asrkit.decoding.boosting import read_phrases
-
-        weight = args.boost_weight
-        if weight is not None and (not math.isfinite(weight) or weight < 0):
-            raise InputError(f"--boost-weight must be a number >= 0, got {weight}")
-        if args.method == "ctc":
-            raise InputError("--boost works in greedy and beam search, not --method ctc")
-        read_phrases(args.boost)  # its mistakes before any model loads
+    _check_fusion_arguments(args)
     nbest = getattr(args, "nbest", 0)
     if nbest > 1 and args.method in ("greedy", "ctc") and not getattr(args, "model", None):
         raise InputError(
@@ -107,12 +117,55 @@ def add_chunk_argument(parser) -> None:
     )  # fmt: skip
 
 
-def boost_for(args: argparse.Namespace, tokenizer, vocab_size: int, default_weight: float):
-    """The word-boosting tables `--boost` asks for (None without it), over `vocab_size`
-    ids; `default_weight` (the experiment's decode.boost_weight) unless --boost-weight."""
-    if not getattr(args, "boost", None):
+def _check_fusion_arguments(args: argparse.Namespace) -> None:
+    """--boost, --lm, --lodr and their weights, read and checked before any model loads
+    (the LMs are kept on `args` for `fusion_for`)."""
+    import math
+
+    from asrkit.errors import InputError
+
+    for option in ("boost", "lm", "lodr"):
+        weight = getattr(args, f"{option}_weight", None)
+        if weight is not None and (not math.isfinite(weight) or weight < 0):
+            raise InputError(f"--{option}-weight must be a number >= 0, got {weight}")
+        if weight is not None and not getattr(args, option, None):
+            raise InputError(f"--{option}-weight without --{option}")
+    if not any(getattr(args, option, None) for option in ("boost", "lm", "lodr")):
+        return
+    used = [f"--{o}" for o in ("boost", "lm", "lodr") if getattr(args, o, None)]
+    if args.method == "ctc":
+        verb = "works" if len(used) == 1 else "work"
+        raise InputError(f"{' and '.join(used)} {verb} in greedy and beam search, not --method ctc")
+    if args.lodr and not args.lm:
+        raise InputError("--lodr subtracts a low-order LM beside an external one: add --lm")
+    if args.boost:
+        from asrkit.decoding.boosting import read_phrases
+
+        read_phrases(args.boost)  # its mistakes before any model loads
+    from asrkit.ngram import read_arpa
+
+    args.read_lms = {o: read_arpa(getattr(args, o), f"--{o}") for o in ("lm", "lodr")
+                     if getattr(args, o, None)}  # fmt: skip
+
+
+def fusion_for(args: argparse.Namespace, tokenizer, vocab_size: int, decode):
+    """The tables `--boost`, `--lm` and `--lodr` ask for (None without them), over
+    `vocab_size` ids; weights from `decode` (a DecodeConfig) unless given."""
+    lms = getattr(args, "read_lms", {})
+    if not getattr(args, "boost", None) and not lms:
         return None
     from asrkit.decoding.boosting import load_boost
+    from asrkit.decoding.fusion import combine
+    from asrkit.decoding.lm_fusion import lm_automaton
 
-    weight = default_weight if args.boost_weight is None else args.boost_weight
-    return load_boost(args.boost, tokenizer, vocab_size, weight)
+    automata = []
+    if args.boost:
+        weight = decode.boost_weight if args.boost_weight is None else args.boost_weight
+        automata.append(load_boost(args.boost, tokenizer, vocab_size, weight))
+    pieces = [tokenizer.piece(i) for i in range(vocab_size)]
+    for option, sign in (("lm", 1.0), ("lodr", -1.0)):
+        if option in lms:
+            given = getattr(args, f"{option}_weight")
+            weight = getattr(decode, f"{option}_weight") if given is None else given
+            automata.append(lm_automaton(lms[option], pieces, sign * weight, f"--{option}"))
+    return combine(*automata)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from asrkit.cli.options import (
     add_chunk_argument,
+    add_fusion_arguments,
     add_search_arguments,
     add_weights_arguments,
-    boost_for,
     check_search_arguments,
+    fusion_for,
     search_options,
 )
 from asrkit.errors import InputError
@@ -33,6 +34,7 @@ def register(subparsers) -> None:
     add_search_arguments(
         transcribe, help="with --exp-dir (an exported model runs the search built into it)"
     )
+    add_fusion_arguments(transcribe)
     add_weights_arguments(transcribe)
     add_chunk_argument(transcribe)
     transcribe.add_argument(
@@ -188,8 +190,7 @@ def _experiment_recogniser(args):
     )
     config = experiment.config
     options = search_options(args, config.decode.max_symbols_per_step, config.model)
-    boost = boost_for(args, experiment.tokenizer, experiment.network.vocab_size,
-                      config.decode.boost_weight)  # fmt: skip
+    boost = fusion_for(args, experiment.tokenizer, experiment.network.vocab_size, config.decode)
     return NetworkRecogniser.of(experiment, options, boost)
 
 
@@ -209,15 +210,16 @@ def _model_recogniser(args):
     from asrkit.decoding.transcribe import SavedModelRecogniser
 
     boost = None
-    if args.boost:
+    if args.boost or args.lm:
         from asrkit.config import DecodeConfig
         from asrkit.tokenizer import Tokenizer
 
+        option = "--boost" if args.boost else "--lm"
         if not (Path(args.model) / "tokenizer").is_dir():
             raise InputError(
-                f"--boost: {args.model} holds no tokenizer to compile phrases with; export "
-                "it again with this version"
+                f"{option}: {args.model} holds no tokenizer to compile it with; export it "
+                "again with this version"
             )
         tokenizer = Tokenizer.load(Path(args.model) / "tokenizer")
-        boost = boost_for(args, tokenizer, tokenizer.vocab_size, DecodeConfig.boost_weight)
+        boost = fusion_for(args, tokenizer, tokenizer.vocab_size, DecodeConfig())
     return SavedModelRecogniser(args.model, boost)

@@ -103,6 +103,21 @@ def with_entity(text: str, entity: str, language: str = "en") -> str:
     return f"{entity} {text}"
 
 
+def grammar_text(count: int, seed: int, language: str = "en", entities: tuple[str, ...] = (),
+                 entity_share: float = 0.5) -> list[str]:  # fmt: skip
+    """`count` sentences of the built-in grammar, text only (e.g. to train an LM); with
+    `entities`, each sentence says one of them in its subject's place with probability
+    `entity_share`. The same seed gives the same text."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        text = sentence(rng, language)
+        if entities and rng.random() < entity_share:
+            text = with_entity(text, rng.choice(entities), language)
+        out.append(text)
+    return out
+
+
 def _german(rng: random.Random, pick) -> str:
     objects = [pick(_DE_NUMBERS), pick(_DE_ADJECTIVES), pick(_DE_NOUNS)]
     template = rng.randrange(3)

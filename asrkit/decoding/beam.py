@@ -26,7 +26,8 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
-from asrkit.decoding.greedy import boost_step
+from asrkit.decoding.fusion import advanced, final_scores, step_scores
+from asrkit.decoding.greedy import fusion_start
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
@@ -46,14 +47,14 @@ def beam_search(
     Hypotheses are sorted best first; token slots past counts[b, k] hold -1; a score is
     the log-probability of the hypothesis (summed over the alignments merged into it); a
     token's log-prob is the joint's log-posterior of it on the alignment that was kept.
-    With `boost` (`BoostTables` as tensors) a score also holds the hypothesis's word-boosting
-    bonus (`asrkit.decoding.boosting`), open matches taken back at the end.
+    With `boost` (`FusionTables` as tensors, `asrkit.decoding.fusion`) a score also holds
+    what the hypothesis's automata earned (word boosting, LM fusion), final scores included.
     """
     beams = beam_start(model, tf.shape(encoded)[0], beam)
     if boost is None:
         beams = beam_continue(model, encoded, encoder_lengths, beams, max_symbols_per_step)
         return beam_found(beams)
-    where = tf.zeros_like(beams.counts)
+    where = fusion_start(boost, tf.shape(beams.counts))
     beams, where = beam_continue(
         model, encoded, encoder_lengths, beams, max_symbols_per_step, boost=(boost, where)
     )
@@ -101,12 +102,12 @@ def beam_continue(
     """The search over `encoded` from `beams` (`beam_start`, or what an earlier call on the
     frames before returned). Token frames count from `first_frame`, so a stream searched
     piece by piece keeps exactly the hypotheses one call on the whole utterance keeps.
-    `boost`: (boost tables as tensors, [B, K] automaton states) -> returns (beams, states)."""
+    `boost`: (fusion tables as tensors, [B, K, A] automata states) -> returns (beams, states)."""
     num_frames = tf.shape(encoded)[1]
     rounds = int(max_symbols_per_step)
     beams = with_room(beams, num_frames * rounds)  # S tokens per new frame
     slot = tf.range(tf.shape(beams.scores)[1])
-    tables, where = boost if boost is not None else (None, tf.zeros_like(beams.counts))
+    tables, where = boost or (None, fusion_start(None, tf.shape(beams.counts)))
 
     def frame_body(t, entering, where):
         not_done = tf.zeros_like(entering.counts, tf.bool)
@@ -140,9 +141,10 @@ def beam_found(beams: Beams) -> Found:
 
 
 def taken_back(beams: Beams, boost, where) -> Beams:
-    """`beams` at the end of the utterance: each hypothesis's open word-boosting match
-    (automaton state `where` [B, K]) given back."""
-    return beams._replace(scores=beams.scores + tf.gather(boost.final, where))
+    """`beams` at the end of the utterance: each hypothesis's automata (states `where`
+    [B, K, A]) end, earning their final scores (open boosted matches taken back, the LM's
+    end of sentence)."""
+    return beams._replace(scores=beams.scores + final_scores(boost, where))
 
 
 def live_slots(scores):
@@ -169,14 +171,14 @@ class Beams(NamedTuple):
 def _expand(model, frame, t, last_round, done, beams: Beams, slot, boost=None, where=None):
     """One round at frame t: every unfinished hypothesis x every symbol, finished ones as
     they are; keep the K best, merge equal sequences, advance the predictor (and, with
-    `boost` tables, each hypothesis's automaton state `where` [B, K])."""
+    `boost` tables, each hypothesis's automata states `where` [B, K, A])."""
     batch, k = tf.shape(beams.scores)[0], tf.size(slot)
     log_probs = tf.nn.log_softmax(tf.cast(model.join(frame, beams.pred_out), tf.float32))
     vocab = tf.shape(log_probs)[-1]
     log_probs = tf.reshape(log_probs, [batch, k, vocab])
     extended = beams.scores[:, :, None] + log_probs
     if boost is not None:
-        extended += tf.gather(boost.bonus, where)  # [B, K, V]; blank earns nothing
+        extended += step_scores(boost, where)  # [B, K, V]; blank earns nothing
     extended = tf.where(done[:, :, None], DEAD_SCORE, extended)
     stay = tf.where(done, beams.scores, DEAD_SCORE)[:, :, None]
     candidates = tf.reshape(tf.concat([stay, extended], axis=2), [batch, k * (vocab + 1)])
@@ -192,7 +194,7 @@ def _expand(model, frame, t, last_round, done, beams: Beams, slot, boost=None, w
     new = extend(model, beams, parent, symbol, emit, t, symbol_log_prob)
     new = new._replace(scores=merge_equal(top_scores, [new.hashes, new.counts, new_done], slot))
     if boost is not None:  # equal sequences are in one automaton state: merging keeps it
-        where = boost_step(boost.next_state, tf.gather(where, parent, batch_dims=1), symbol, emit)
+        where = advanced(boost, tf.gather(where, parent, batch_dims=1), symbol, emit)
     return new_done, same_shapes(new, beams), where
 
 

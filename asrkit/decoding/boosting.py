@@ -22,31 +22,22 @@ import warnings
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
 from asrkit.config import DecodeConfig
+from asrkit.decoding.fusion import MAX_TABLE_ENTRIES, Automaton, blank_free
 from asrkit.errors import InputError
 from asrkit.tokenizer import BLANK_ID, UNK_ID
 
 DEFAULT_WEIGHT = DecodeConfig.boost_weight  # per piece, in nats; defined there once
 SEGMENTATIONS = 4  # a phrase's most likely segmentations boosted (unigram tokenizers)
-MAX_TABLE_ENTRIES = 2**26  # states x vocabulary: 512 MiB of tables at most
 
 
 @dataclass(frozen=True)
 class Phrase:
     text: str
     weight: float
-
-
-class BoostTables(NamedTuple):
-    """The automaton as arrays: state 0 is the root (nothing matched)."""
-
-    next_state: np.ndarray  # [S, V] int32
-    bonus: np.ndarray  # [S, V] float32: what the step from a state by a token earns
-    final: np.ndarray  # [S] float32: what ending in a state takes back (<= 0)
 
 
 def read_phrases(path: str | Path, weight: float = DEFAULT_WEIGHT) -> list[Phrase]:
@@ -110,9 +101,10 @@ def phrase_sequences(phrases: list[Phrase], tokenizer) -> dict[tuple[int, ...], 
     return out
 
 
-def boost_tables(sequences: dict[tuple[int, ...], float], vocab_size: int) -> BoostTables:
+def boost_tables(sequences: dict[tuple[int, ...], float], vocab_size: int) -> Automaton:
     """The Aho-Corasick automaton of `sequences` (token ids -> weight per piece) over a
-    vocabulary of `vocab_size` ids, as dense tables."""
+    vocabulary of `vocab_size` ids, as dense tables; state 0 is the root (nothing matched),
+    and ending in a state takes back its open match (final <= 0)."""
     children: list[dict[int, int]] = [{}]
     piece: list[float] = [0.0]  # a node's piece bonus: the largest weight through it
     ending: list[bool] = [False]
@@ -153,19 +145,19 @@ def boost_tables(sequences: dict[tuple[int, ...], float], vocab_size: int) -> Bo
             fail[child] = next_state[fail[node], token] if node else 0
             next_state[node, token] = child
             queue.append(child)
-    next_state[:, BLANK_ID] = np.arange(states)
     bonus = output[next_state] + pending[next_state] - pending[:, None]
-    bonus[:, BLANK_ID] = 0.0
-    return BoostTables(next_state, bonus.astype(np.float32), (-pending).astype(np.float32))
+    blank_free(next_state, bonus)
+    return Automaton(next_state, bonus.astype(np.float32), (-pending).astype(np.float32))
 
 
-def no_boost(vocab_size: int) -> BoostTables:
+def no_boost(vocab_size: int) -> Automaton:
     """The automaton of no phrase: one state, no bonus."""
     return boost_tables({}, vocab_size)
 
 
-def load_boost(path, tokenizer, vocab_size: int, weight: float = DEFAULT_WEIGHT) -> BoostTables:
-    """A phrase list file as the tables a search takes."""
+def load_boost(path, tokenizer, vocab_size: int, weight: float = DEFAULT_WEIGHT) -> Automaton:
+    """A phrase list file as its automaton (`asrkit.decoding.fusion.combine` makes the
+    tables a search takes)."""
     sequences = phrase_sequences(read_phrases(path, weight), tokenizer)
     if not sequences:
         raise InputError(f"--boost {path}: none of its phrases can be written with this model")

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
+from asrkit.decoding.fusion import advanced, start_states, step_scores
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
@@ -30,8 +31,9 @@ def greedy_search(
     Token slots past counts[b] hold -1 (log-probs 0). A token's log-prob is the joint's
     log-posterior of that symbol where it was emitted. Runs as one tf.while_loop whose
     steps each look `window` frames ahead (`greedy_continue`), so it compiles into one
-    graph. With `boost` (`BoostTables` as tensors) each decision takes the symbol whose
-    log-prob plus word-boosting bonus is highest; log-probs and scores stay the model's.
+    graph. With `boost` (`FusionTables` as tensors: word boosting, LM fusion) each decision
+    takes the symbol whose log-prob plus the automata's score is highest; log-probs and
+    scores stay the model's.
     """
     start = greedy_start(model, tf.shape(encoded)[0])
     found, _ = greedy_continue(
@@ -62,8 +64,8 @@ def greedy_continue(
     predictor. A run of blank frames thus costs one step per `window` frames, not one per
     frame. The encoder's half of the joint is projected once for all frames.
 
-    With `boost` the carry also holds each row's word-boosting state (a third element;
-    the root when it has none), and the carry returned holds it too."""
+    With `boost` the carry also holds each row's automata states ([B, A], a third
+    element; their start when it has none), and the carry returned holds it too."""
     batch, frames = tf.shape(encoded)[0], tf.shape(encoded)[1]
     capacity = frames * max_symbols_per_step
     joint = model.joint
@@ -71,13 +73,13 @@ def greedy_continue(
     projected = joint.encoder_proj(encoded)  # [B, T, D]
     offsets = tf.range(window)
     pred_out, state = carry[:2]
-    start_where = carry[2] if len(carry) > 2 else tf.zeros([batch], tf.int32)
+    start_where = carry[2] if len(carry) > 2 else fusion_start(boost, [batch])
     loop = [
         tf.zeros([batch], tf.int32), tf.zeros([batch], tf.int32), pred_out, state,
         joint.predictor_proj(pred_out), tf.fill([batch, capacity], -1),
         tf.fill([batch, capacity], -1), tf.zeros([batch, capacity], tf.float32),
         tf.zeros([batch], tf.int32), tf.zeros([batch], tf.float32),
-        start_where,  # each row's word-boosting state (with `boost`)
+        start_where,  # each row's automata states (with `boost`)
     ]  # fmt: skip
 
     def body(t, run, pred_out, state, pred_proj, tokens, token_frames, log_ps, counts, scores,
@@ -101,7 +103,7 @@ def greedy_continue(
             (tokens, token_frames, log_ps, counts), (pred_out, state, pred_proj),
         )  # fmt: skip
         if boost is not None:
-            where = boost_step(boost.next_state, where, symbol, emit)
+            where = advanced(boost, where, symbol, emit)
         run = tf.where(first > 0, 0, run) + 1
         full = emit & (run >= max_symbols_per_step)  # this frame has had its symbols
         t = tf.where(emit, t + first + tf.cast(full, tf.int32), t + window)
@@ -117,20 +119,21 @@ def greedy_continue(
 
 def best_symbols(log_probs, boost=None, where=None):
     """[B, W, V] log-probs -> each position's chosen symbol and its log-prob [B, W]: the
-    most probable, or with `boost` tables the one whose log-prob plus the row's
-    word-boosting bonus (state `where` [B], held through the window) is highest."""
+    most probable, or with `boost` tables the one whose log-prob plus the row's automata
+    score (states `where` [B, A], held through the window) is highest."""
     if boost is None:
         return tf.argmax(log_probs, axis=-1, output_type=tf.int32), tf.reduce_max(log_probs, -1)
-    ranked = log_probs + tf.gather(boost.bonus, where)[:, None, :]
+    ranked = log_probs + step_scores(boost, where)[:, None, :]
     best = tf.argmax(ranked, axis=-1, output_type=tf.int32)
     return best, tf.gather(log_probs, best[..., None], batch_dims=2)[..., 0]
 
 
-def boost_step(next_state, where, symbol, emit):
-    """Word-boosting states [...] after `symbol` where `emit`, as they were elsewhere
-    (`symbol` may be negative where nothing is emitted)."""
-    stepped = tf.gather_nd(next_state, tf.stack([where, tf.maximum(symbol, 0)], axis=-1))
-    return tf.where(emit, stepped, where)
+def fusion_start(boost, shape):
+    """Automata states at their start for hypotheses of `shape` ([*shape, A]; no automaton
+    without `boost`)."""
+    if boost is None:
+        return tf.zeros(tf.concat([shape, [0]], axis=0), tf.int32)
+    return start_states(boost, shape)
 
 
 def window_hidden(joint, projected, pred_proj, t, window, lengths):

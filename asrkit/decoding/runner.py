@@ -97,7 +97,7 @@ def _decode(
     model, batches, tokenizer: Tokenizer, options: DecodeOptions, source, scorer: str,
     boost=None,
 ) -> DecodeReport:  # fmt: skip
-    """`boost`: word-boosting tables (`asrkit.decoding.boosting`) or None."""
+    """`boost`: fusion tables (word boosting, LM: `asrkit.decoding.fusion`) or None."""
     start = time.monotonic()
     results, seconds = [], 0.0
     for batch in batches:

@@ -16,9 +16,9 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.beam import beam_search, live_slots
-from asrkit.decoding.boosting import BoostTables
 from asrkit.decoding.ctc_greedy import ctc_greedy_search
 from asrkit.decoding.found import Found
+from asrkit.decoding.fusion import FusionTables, as_tensors
 from asrkit.decoding.greedy import greedy_search
 from asrkit.decoding.tdt_beam import tdt_beam_search
 from asrkit.decoding.tdt_greedy import tdt_greedy_search
@@ -57,17 +57,17 @@ DEFAULT_OPTIONS = DecodeOptions()
 
 def decode_batch(
     model, features, feature_lengths, tokenizer=None, options: DecodeOptions | None = None,
-    boost: BoostTables | None = None,
+    boost: FusionTables | None = None,
 ) -> list[Hypothesis]:  # fmt: skip
     """features [B, T, F], feature_lengths [B] -> the best `Hypothesis` of each utterance
-    (`boost`: word-boosting tables, `asrkit.decoding.boosting`)."""
+    (`boost`: word boosting and LM tables, `asrkit.decoding.fusion`)."""
     found = _search(model, features, feature_lengths, options, boost)
     return [hypotheses[0] for hypotheses in found_hypotheses(found, tokenizer, limit=1)]
 
 
 def decode_nbest(
     model, features, feature_lengths, tokenizer=None, options: DecodeOptions | None = None,
-    boost: BoostTables | None = None,
+    boost: FusionTables | None = None,
 ) -> list[list[Hypothesis]]:  # fmt: skip
     """features [B, T, F], feature_lengths [B] -> each utterance's hypotheses, best first
     (beam search: up to `options.beam`, empty beam slots left out; greedy: one)."""
@@ -81,8 +81,7 @@ def _search(model, features, feature_lengths, options, boost=None) -> Found:
     options = options or DEFAULT_OPTIONS
     if boost is None:
         return _compiled(model, options, boosted=False)(*inputs)
-    tables = BoostTables(*(tf.convert_to_tensor(x) for x in boost))
-    return _compiled(model, options, boosted=True)(*inputs, tables)
+    return _compiled(model, options, boosted=True)(*inputs, as_tensors(boost))
 
 
 def found_hypotheses(found: Found, tokenizer, limit: int | None = None) -> list[list[Hypothesis]]:
@@ -131,7 +130,8 @@ def beam_decode(
 def search(model, encoded, encoder_lengths, options: DecodeOptions, boost=None) -> Found:
     """Each row's hypotheses as graph tensors, best first: `Found` with a K axis
     ([B, K, N] tokens, [B, K] counts and scores; K = the beam, or 1 for greedy).
-    `boost`: word-boosting tables as tensors (greedy and beam search, RNN-T and TDT)."""
+    `boost`: fusion tables as tensors (word boosting, LM; greedy and beam search, RNN-T and
+    TDT)."""
     if boost is not None and options.method == "ctc":
         raise ValueError(BOOST_UNSUPPORTED)
     if options.method == "ctc":

@@ -12,8 +12,8 @@ partial chunk), finds exactly the tokens (and frames) greedy search finds on the
 waveform (tested). With `beam` > 1 the state carries modified beam search's hypotheses
 instead, and the stream ends with exactly the hypotheses beam search keeps on the whole
 waveform (tested); its text so far is the best hypothesis so far, which a later frame can
-revise. With word boosting (`boost` tables) the carry also holds each hypothesis's
-automaton state, and the stream finds what the boosted search finds on the whole waveform
+revise. With word boosting or an LM (`boost` tables) the carry also holds each hypothesis's
+automata states, and the stream finds what the boosted search finds on the whole waveform
 (tested). A TDT model streams with its greedy search: a duration that jumps past the frames
 encoded so far goes on into the next piece's. That needs an encoder that streams: the LSTM
 encoder (causal), or a Conformer trained with chunks (`model.encoder.chunk_frames`); a
@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig, FeatureConfig
 from asrkit.decoding.beam import Beams, beam_continue, beam_found, beam_start, taken_back
-from asrkit.decoding.boosting import BoostTables
+from asrkit.decoding.fusion import as_tensors, start_states
 from asrkit.decoding.greedy import greedy_continue, greedy_start
 from asrkit.decoding.tdt_greedy import tdt_greedy_continue, tdt_greedy_start
 from asrkit.decoding.words import SUBSAMPLING
@@ -42,8 +42,8 @@ class StreamState(NamedTuple):
     samples: tf.Tensor  # [S] float32, S < frame_length: waveform not yet in a feature frame
     features: tf.Tensor  # [F, mel]: normalised frames from 4 × `frames` on
     encoder: list  # the encoder's recurrent state, [batch 1]
-    # greedy: (predictor output, predictor state[, TDT: frames to skip][, word-boosting
-    # state]), [batch 1]; beam: `Beams` of one stream (with word boosting: (Beams, states))
+    # greedy: (predictor output, predictor state[, TDT: frames to skip][, automata
+    # states]), [batch 1]; beam: `Beams` of one stream (with fusion tables: (Beams, states))
     carry: tuple
     frames: tf.Tensor  # scalar int32: encoder frames decoded so far
     tokens: tf.Tensor  # [N] int32: every token so far (beam: of the best hypothesis)
@@ -80,7 +80,7 @@ class StreamingDecoder:
         self.network, self.features, self.normalize = network, features, normalize
         self.max_symbols_per_step, self.beam = max_symbols_per_step, int(beam)
         # word boosting (`asrkit.decoding.boosting`): the carry then also holds the state
-        self.boost = None if boost is None else BoostTables(*map(tf.constant, boost))
+        self.boost = None if boost is None else as_tensors(boost)
         if self.beam < 1:
             raise ValueError(f"beam must be >= 1, got {beam}")
         self._compiled = tf.function(self._step, reduce_retracing=True, autograph=False)
@@ -102,10 +102,12 @@ class StreamingDecoder:
     def _start(self):
         if self.beam > 1:
             beams = beam_start(self.network, 1, self.beam)
-            return beams if self.boost is None else (beams, tf.zeros([1, self.beam], tf.int32))
+            return (
+                beams if self.boost is None else (beams, start_states(self.boost, [1, self.beam]))
+            )
         start = tdt_greedy_start if self.network.joint.durations else greedy_start
         carry = start(self.network, 1)
-        return carry if self.boost is None else (*carry, tf.zeros([1], tf.int32))
+        return carry if self.boost is None else (*carry, start_states(self.boost, [1]))
 
     def step(self, samples, state: StreamState) -> StreamStep:
         """samples [n] float32 (any n, 0 included) -> the tokens they complete."""

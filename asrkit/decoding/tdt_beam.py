@@ -32,7 +32,8 @@ from asrkit.decoding.beam import (
     taken_back,
     with_room,
 )
-from asrkit.decoding.greedy import boost_step
+from asrkit.decoding.fusion import advanced, step_scores
+from asrkit.decoding.greedy import fusion_start
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step
@@ -70,7 +71,7 @@ def tdt_beam_search(
         duration_log_probs = tf.reshape(
             tf.nn.log_softmax(tf.cast(duration_logits, tf.float32)), [batch, k, num_durations]
         )
-        ranked = log_probs if boost is None else log_probs + tf.gather(boost.bonus, where)
+        ranked = log_probs if boost is None else log_probs + step_scores(boost, where)
         pairs = ranked[..., None] + duration_log_probs[:, :, None, :]  # [B, K, V, D]
         pairs = tf.reshape(pairs, [batch, k, -1])
         # each hypothesis's K best pairs hold the K best extensions of the whole beam
@@ -105,9 +106,9 @@ def tdt_beam_search(
         new_run = tf.ensure_shape(new_run, run.shape)
         if boost is not None:  # equal sequences are in one automaton state
             kept = tf.gather(where, parent, batch_dims=1)
-            where = tf.ensure_shape(boost_step(boost.next_state, kept, symbol, emit), where.shape)
+            where = tf.ensure_shape(advanced(boost, kept, symbol, emit), where.shape)
         return same_shapes(new, beams), new_time, new_run, where
 
-    where = tf.zeros([batch, k], tf.int32)  # each hypothesis's word-boosting state
+    where = fusion_start(boost, [batch, k])  # each hypothesis's automata states
     beams, _, _, where = tf.while_loop(cond, body, [beams, time, run, where])
     return beam_found(beams if boost is None else taken_back(beams, boost, where))

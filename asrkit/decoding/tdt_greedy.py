@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
-from asrkit.decoding.greedy import best_symbols, boost_step, emit_and_advance, window_hidden
+from asrkit.decoding.fusion import advanced
+from asrkit.decoding.greedy import best_symbols, emit_and_advance, fusion_start, window_hidden
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step
@@ -33,8 +34,8 @@ def tdt_greedy_search(
 ):  # fmt: skip
     """encoded [B, T, D] -> `Found` (tokens, frames, token log-probs [B, T·S], counts [B],
     scores [B]: the sum of the chosen symbols' and durations' log-probs). With `boost`
-    (`BoostTables` as tensors) each symbol is the one whose log-prob plus word-boosting
-    bonus is highest; log-probs and scores stay the model's."""
+    (`FusionTables` as tensors) each symbol is the one whose log-prob plus the automata's
+    score is highest; log-probs and scores stay the model's."""
     carry = tdt_greedy_start(model, tf.shape(encoded)[0])
     found, _ = tdt_greedy_continue(
         model, encoded, encoder_lengths, carry, max_symbols_per_step, window=window, boost=boost
@@ -65,8 +66,8 @@ def tdt_greedy_continue(
     follows its blanks' jumps through them (by pointer doubling: log2(window) gathers) to
     the first frame it reaches whose best symbol is not blank, or past the window. The
     encoder's half of the joint is projected once for all frames. With `boost` the carry
-    also holds each row's word-boosting state (a fourth element; the root when it has
-    none), and the carry returned holds it too."""
+    also holds each row's automata states ([B, A], a fourth element; their start when it
+    has none), and the carry returned holds it too."""
     joint = model.joint
     durations = tf.constant(list(model.config.durations), tf.int32)
     reach = window + max(max(model.config.durations), 1)  # positions a jump can land on
@@ -76,7 +77,7 @@ def tdt_greedy_continue(
     projected = joint.encoder_proj(encoded)  # [B, T, D]
     offsets = tf.range(window)
     pred_out, state, start = carry[:3]
-    start_where = carry[3] if len(carry) > 3 else tf.zeros([batch], tf.int32)
+    start_where = carry[3] if len(carry) > 3 else fusion_start(boost, [batch])
 
     def cond(t, *_):
         return tf.reduce_any(t < lengths)
@@ -114,7 +115,7 @@ def tdt_greedy_continue(
             (tokens, token_frames, log_ps, counts), (pred_out, state, pred_proj),
         )  # fmt: skip
         if boost is not None:
-            where = boost_step(boost.next_state, where, symbol, emit)
+            where = advanced(boost, where, symbol, emit)
         run = tf.where(emit, tf.where(last == frame, run + 1, 1), run)
         last = tf.where(emit, frame, last)
         forced = emit & (symbol_skip == 0) & (run >= max_symbols_per_step)

@@ -72,7 +72,7 @@ class NetworkRecogniser:
         boost=None,
     ):
         self.model, self.tokenizer, self.options = model, tokenizer, options
-        self.boost = boost  # word-boosting tables (`asrkit.decoding.boosting`) or None
+        self.boost = boost  # fusion tables (`asrkit.decoding.fusion`) or None
         self.features = config.features
         self.sample_rate = config.features.sample_rate
         self.clock = FrameClock.of(config.features, emission_delay, config.model.encoder)
@@ -104,7 +104,8 @@ class SavedModelRecogniser:
     """An exported SavedModel, through its batched signature."""
 
     def __init__(self, directory: str | Path, boost=None):
-        """`boost`: word-boosting tables made with the export's tokenizer (`tokenizer/`)."""
+        """`boost`: fusion tables (word boosting, LM) made with the export's tokenizer
+        (`tokenizer/`)."""
         directory = Path(directory)
         info_file = directory / EXPORT_INFO
         if not info_file.is_file():
@@ -120,13 +121,18 @@ class SavedModelRecogniser:
             info["frame_period"], info["frame_offset"], info.get("emission_delay", 0.0)
         )
         signatures = tf.saved_model.load(str(directory)).signatures
-        if boost is not None and "serve_batch_boosted" not in signatures:
+        boosted = signatures.get("serve_batch_boosted")
+        if boost is not None and (
+            boosted is None or "boost_start" not in boosted.structured_input_signature[1]
+        ):
             raise InputError(
-                f"{directory} was exported without word boosting (CTC search, or an older "
-                "asrkit); export it with greedy or beam search and this version to use --boost"
+                f"{directory} was exported without word boosting and LM fusion (CTC search, "
+                "or an older asrkit); export it with greedy or beam search and this version "
+                "to use --boost or --lm"
             )
-        self.serve = signatures["serve_batch" if boost is None else "serve_batch_boosted"]
+        self.serve = signatures["serve_batch"] if boost is None else boosted
         self.boost = {} if boost is None else {
+            "boost_start": tf.constant(boost.start),
             "boost_next_state": tf.constant(boost.next_state),
             "boost_bonus": tf.constant(boost.bonus), "boost_final": tf.constant(boost.final),
         }  # fmt: skip

@@ -88,6 +88,18 @@ def _one_error_line(capsys, command: str) -> str:
           "--boost-weight", "-2", "{clip}"], "transcribe", "--boost-weight must be a number >= 0"),
         (["transcribe", "--exp-dir", "{tmp}/nowhere", "--boost", "{tmp}/bad.yaml",
           "--method", "ctc", "{clip}"], "transcribe", "--boost works in greedy and beam search"),
+        (["decode", "--exp-dir", "{tmp}/nowhere", "--manifest", "m.jsonl", "--lm",
+          "{tmp}/bad.arpa"], "decode", "--lm {tmp}/bad.arpa:5: probability 'x' is not a log10"),
+        (["decode", "--exp-dir", "{tmp}/nowhere", "--manifest", "m.jsonl", "--lm",
+          "{tmp}/none.arpa"], "decode", "--lm {tmp}/none.arpa: no such file"),
+        (["decode", "--exp-dir", "{tmp}/nowhere", "--manifest", "m.jsonl", "--lodr",
+          "{tmp}/bad.arpa"], "decode", "--lodr subtracts a low-order LM beside an external"),
+        (["transcribe", "--exp-dir", "{tmp}/nowhere", "--lm-weight", "0.5", "{clip}"],
+         "transcribe", "--lm-weight without --lm"),
+        (["lm", "train", "--tokenizer", "{tmp}", "--text", "{tmp}/bad.yaml", "--out",
+          "{tmp}/lm.arpa"], "lm train", "--tokenizer {tmp}: no tokenizer there"),
+        (["lm", "train", "--tokenizer", "{tmp}", "--text", "{tmp}/bad.yaml", "--order", "0",
+          "--out", "{tmp}/lm.arpa"], "lm train", "--order must be 1 to 10, got 0"),
         (["plan", "--exp-dir", "{tmp}/new", "--memory", "2GiB"], "plan",
          "--exp-dir {tmp}/new: not an experiment yet (no config.yaml); give the model and "
          "data to use with --config CONF"),
@@ -97,6 +109,9 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, command, na
     (tmp_path / "bad.yaml").write_text("train:\n  epoch: 3\n")
     (tmp_path / "broken.yaml").write_text("train:\n  epochs: 3\n  lr: 1: 2\n")
     (tmp_path / "boost.txt").write_text("NEW YORK\nKUBERNETES\tmuch\n")
+    (tmp_path / "bad.arpa").write_text(
+        "\\data\\\nngram 1=2\n\n\\1-grams:\nx\t</s>\n-1\ta\n\n\\end\\\n"
+    )
     one = {"id": "u1", "audio_path": f"{tmp_path}/u1.flac", "duration": 1.0, "text": "A",
            "speaker": "1"}  # fmt: skip
     (tmp_path / "one.jsonl").write_text(json.dumps(one) + "\n")

@@ -13,6 +13,7 @@ from asrkit.data.manifest import read_manifest
 from asrkit.data.synthetic import (
     PARTS,
     PRESETS,
+    grammar_text,
     make_synthetic_corpus,
     plan_corpus,
     sentence,
@@ -199,3 +200,24 @@ def test_with_entity_takes_the_subjects_place():
     assert with_entity("DER ARZT SAH ZWEI ROTE KISTEN AM MEER", "PRAG", "de") == (
         "PRAG SAH ZWEI ROTE KISTEN AM MEER"
     )
+
+
+def test_corpus_text_writes_grammar_sentences_with_entities_in_their_share(tmp_path):
+    entities = tmp_path / "entities.txt"
+    entities.write_text("new york\nKubernetes\n")
+    out = tmp_path / "lm" / "text.txt"
+    argv = ["corpus", "text", "--out", str(out), "--count", "400", "--seed", "3",
+            "--entities", str(entities), "--entity-share", "0.25"]  # fmt: skip
+    assert cli(argv) == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == 400
+    said = [line for line in lines if "NEW YORK" in line or "KUBERNETES" in line]
+    assert 0.15 < len(said) / 400 < 0.35
+    rng = random.Random(1)
+    vocabulary = {w for _ in range(5000) for w in sentence(rng).split()}
+    for line in lines:  # every other word is the grammar's
+        assert set(line.replace("NEW YORK", "").replace("KUBERNETES", "").split()) <= vocabulary
+    assert grammar_text(400, 3, entities=("NEW YORK", "KUBERNETES"), entity_share=0.25) == lines
+    assert grammar_text(50, 4) != grammar_text(50, 3)
+    assert cli(["corpus", "text", "--out", str(out), "--count", "0"]) == 2
+    assert len(out.read_text().splitlines()) == 400  # nothing written over

@@ -11,13 +11,13 @@ import tensorflow as tf
 from asrkit.decoding import greedy_decode
 from asrkit.decoding.beam import live_slots
 from asrkit.decoding.boosting import (
-    BoostTables,
     Phrase,
     boost_tables,
     no_boost,
     phrase_sequences,
     read_phrases,
 )
+from asrkit.decoding.fusion import as_tensors, combine
 from asrkit.decoding.search import DecodeOptions, decode_batch, decode_nbest
 from asrkit.errors import InputError
 from asrkit.tokenizer import BLANK_ID, train_tokenizer
@@ -177,7 +177,7 @@ def test_boosted_greedy_search_takes_the_eager_searchs_decisions(model, max_symb
     feats = random_features(LENGTHS, seed=5)
     tables = boost_tables(_phrases_near(model, feats), model.vocab_size)
     options = DecodeOptions("greedy", max_symbols_per_step=max_symbols)
-    found = decode_batch(model, feats, LENGTHS, options=options, boost=tables)
+    found = decode_batch(model, feats, LENGTHS, options=options, boost=combine(tables))
     plain = decode_batch(model, feats, LENGTHS, options=options)
     assert any(f.tokens != p.tokens for f, p in zip(found, plain, strict=True))  # it acts
     for b, n in enumerate(LENGTHS):
@@ -192,7 +192,7 @@ def test_weight_zero_is_no_boosting_bit_for_bit(model, method):
     options = DecodeOptions(method, beam=4)
     plain = decode_nbest(model, feats, LENGTHS, options=options)
     for tables in (zero, no_boost(model.vocab_size)):
-        assert decode_nbest(model, feats, LENGTHS, options=options, boost=tables) == plain
+        assert decode_nbest(model, feats, LENGTHS, options=options, boost=combine(tables)) == plain
 
 
 @pytest.mark.parametrize("max_symbols", [1, 2])
@@ -212,7 +212,7 @@ def test_wide_boosted_beam_finds_the_best_sequence_with_its_bonus_exactly(max_sy
     assert best != plain_best
     found = decode_batch(model, feats[None], [feature_frames],
                          options=DecodeOptions("beam", 256, max_symbols),
-                         boost=boost_tables(sequences, model.vocab_size))[0]  # fmt: skip
+                         boost=combine(boost_tables(sequences, model.vocab_size)))[0]  # fmt: skip
     assert tuple(found.tokens) == best
     assert found.score == pytest.approx(boosted[best], abs=1e-4)
 
@@ -234,7 +234,7 @@ def test_a_wide_boosted_tdt_beam_scores_every_sequence_with_its_bonus():
     sequences = {runner_up[:2]: 2.0}
     tables = boost_tables(sequences, model.vocab_size)
     found = tdt_beam_search(model, encoded, tf.constant([3]), 640, 2,
-                            boost=BoostTables(*map(tf.constant, tables)))  # fmt: skip
+                            boost=as_tensors(combine(tables)))  # fmt: skip
     alive = live_slots(found.scores).numpy()[0]
     beam = {tuple(found.tokens[0, k, : found.counts[0, k]].numpy().tolist()):
             float(found.scores[0, k]) for k in np.flatnonzero(alive)}  # fmt: skip
@@ -260,7 +260,7 @@ def test_boosted_tdt_beam_of_one_is_boosted_tdt_greedy_search(max_symbols):
         tokens = plain.tokens[row, : plain.counts[row]].numpy().tolist()
         if len(tokens) >= 2:
             sequences[tuple(t % 6 + 1 for t in tokens[:2])] = 2.0
-    tables = BoostTables(*map(tf.constant, boost_tables(sequences, 7)))
+    tables = as_tensors(combine(boost_tables(sequences, 7)))
     greedy = tdt_greedy_search(model, encoded, lengths, max_symbols, boost=tables)
     beam = tdt_beam_search(model, encoded, lengths, 1, max_symbols, boost=tables)
     assert not np.array_equal(greedy.tokens.numpy(), plain.tokens.numpy())  # it acts
@@ -269,7 +269,7 @@ def test_boosted_tdt_beam_of_one_is_boosted_tdt_greedy_search(max_symbols):
         n = int(greedy.counts[row])
         np.testing.assert_array_equal(beam.tokens[row, 0, :n], greedy.tokens[row, :n])
         np.testing.assert_array_equal(beam.frames[row, 0, :n], greedy.frames[row, :n])
-    zero = BoostTables(*map(tf.constant, boost_tables(dict.fromkeys(sequences, 0.0), 7)))
+    zero = as_tensors(combine(boost_tables(dict.fromkeys(sequences, 0.0), 7)))
     again = tdt_greedy_search(model, encoded, lengths, max_symbols, boost=zero)
     for got, want in zip(again, plain, strict=True):
         np.testing.assert_array_equal(got.numpy(), want.numpy())

@@ -229,10 +229,11 @@ def _boost_from(tokens, vocab_size):
     """Word-boosting tables of phrases near what the search finds: pairs of its tokens,
     shifted to other ids (so boosting changes the result)."""
     from asrkit.decoding.boosting import boost_tables
+    from asrkit.decoding.fusion import combine
 
     pairs = {tuple(t % (vocab_size - 1) + 1 for t in tokens[i : i + 2]): 1.5
              for i in range(0, len(tokens) - 1, 5)}  # fmt: skip
-    return boost_tables(pairs, vocab_size)
+    return combine(boost_tables(pairs, vocab_size))
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -242,13 +243,13 @@ def test_a_boosted_stream_finds_what_boosted_search_finds_on_the_whole(
     """Word boosting while streaming: the automaton state rides in the carry, so pieces of
     any size end with the boosted whole-waveform search's tokens (and, for beam search, its
     best hypothesis's score: open matches taken back at the stream's end)."""
-    from asrkit.decoding.boosting import BoostTables
+    from asrkit.decoding.fusion import as_tensors
 
     features = normalize(log_mel(clip, FEATURES))[None]
     encoded, lengths = network.encode(features, tf.shape(features)[1][None])
     plain, _, _ = whole(network, clip, normalize)
     tables = _boost_from(plain.tolist(), network.vocab_size)
-    boost = BoostTables(*map(tf.constant, tables))
+    boost = as_tensors(tables)
     if beam == 1:
         found = greedy_search(network, encoded, lengths, boost=boost)
         want = found.tokens[0, : found.counts[0]].numpy().tolist()
@@ -274,7 +275,7 @@ def test_a_boosted_stream_finds_what_boosted_search_finds_on_the_whole(
 def test_a_boosted_tdt_stream_finds_what_boosted_search_finds_on_the_whole(
     tdt_network, clip, normalize
 ):
-    from asrkit.decoding.boosting import BoostTables
+    from asrkit.decoding.fusion import as_tensors
     from asrkit.decoding.tdt_greedy import tdt_greedy_search
 
     features = normalize(log_mel(clip, FEATURES))[None]
@@ -282,7 +283,7 @@ def test_a_boosted_tdt_stream_finds_what_boosted_search_finds_on_the_whole(
     plain = tdt_greedy_search(tdt_network, encoded, lengths)
     tables = _boost_from(plain.tokens[0, : plain.counts[0]].numpy().tolist(), 9)
     found = tdt_greedy_search(tdt_network, encoded, lengths,
-                              boost=BoostTables(*map(tf.constant, tables)))  # fmt: skip
+                              boost=as_tensors(tables))  # fmt: skip
     want = found.tokens[0, : found.counts[0]].numpy().tolist()
     assert want != plain.tokens[0, : plain.counts[0]].numpy().tolist()
     decoder = StreamingDecoder(tdt_network, FEATURES, normalize, boost=tables)

@@ -899,3 +899,62 @@ def test_decode_and_transcribe_boost_a_phrase_list(workdir, uninterrupted, tmp_p
     assert main(["transcribe", "--exp-dir", str(exp), "--streaming", "--boost", str(phrases),
                  "--boost-weight", "30", "--out-dir", str(streamed), str(audio)]) == 0  # fmt: skip
     assert "TAROT" in (streamed / f"{audio.stem}.txt").read_text()  # (the file: in windows)
+
+
+def test_lm_train_and_decode_with_an_lm(workdir, uninterrupted, tmp_path):
+    """`asrkit lm train` writes the Kneser-Ney LM of the transcripts' pieces; `decode --lm`
+    searches with exactly that LM's tables at the weight asked (weight 0: the plain
+    hypotheses), beside LODR; `transcribe --lm` does too."""
+    from asrkit.cli.main import main
+    from asrkit.decoding.fusion import combine
+    from asrkit.decoding.lm_fusion import lm_automaton
+    from asrkit.decoding.search import DecodeOptions
+    from asrkit.experiment import load_experiment
+    from asrkit.ngram import estimate, read_arpa
+
+    exp, dev = workdir / "exp_a", workdir / "shards" / "dev"
+    manifest = workdir / "data" / "train-clean-100.jsonl"
+    arpa, low = tmp_path / "lm.arpa", tmp_path / "low.arpa"
+    assert main(["lm", "train", "--tokenizer", str(exp), "--manifest", str(manifest),
+                 "--out", str(arpa)]) == 0  # fmt: skip
+    assert main(["lm", "train", "--tokenizer", str(exp / "tokenizer"), "--manifest",
+                 str(manifest), "--order", "1", "--out", str(low)]) == 0  # fmt: skip
+    loaded = load_experiment(exp)
+    tokenizer = loaded.tokenizer
+    from asrkit.data.manifest import read_manifest
+
+    texts = [u.text for u in read_manifest(manifest)]
+    pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
+    want = estimate([[pieces[i] for i in tokenizer.encode(t)] for t in texts], 3, pieces[1:])
+    lm = read_arpa(arpa)
+    assert lm.probs.keys() == want.probs.keys()
+    assert all(abs(lm.probs[g] - v) < 1e-5 for g, v in want.probs.items())
+
+    def decode(name, *extra):
+        argv = ["decode", "--exp-dir", str(exp), "--shards", str(dev), "--out",
+                str(tmp_path / name), "--method", "beam", "--beam", "3", *extra]  # fmt: skip
+        assert main(argv) == 0
+        return [line.split(" ", 1)[1:] for line in (tmp_path / name / "hyp.txt").open()]
+
+    plain = decode("plain")
+    assert decode("zero", "--lm", str(arpa), "--lm-weight", "0") == plain
+    fused = decode("fused", "--lm", str(arpa), "--lm-weight", "2", "--lodr", str(low),
+                   "--lodr-weight", "0.5")  # fmt: skip
+    tables = combine(lm_automaton(lm, pieces, 2.0), lm_automaton(read_arpa(low), pieces, -0.5))
+    from asrkit.data.pipeline import pipeline_config
+    from asrkit.decoding.runner import decode_shards
+
+    report = decode_shards(loaded.network, dev, tokenizer, pipeline_config(loaded.config),
+                           loaded.normalizer, DecodeOptions("beam", 3, 3),
+                           loaded.config.features.num_mel_bins, "basic", tables)  # fmt: skip
+    assert sorted(u.hypothesis for u in report.utterances) == sorted(h[0].strip() for h in fused)
+    assert fused != plain
+    audio = sorted((workdir / "corpus").rglob("*.flac"))[0]
+    out = tmp_path / "t"
+    assert main(["transcribe", "--exp-dir", str(exp), "--lm", str(arpa), "--lm-weight", "2",
+                 "--out-dir", str(out), str(audio)]) == 0  # fmt: skip
+    from asrkit.decoding.transcribe import NetworkRecogniser, transcribe_files
+
+    recogniser = NetworkRecogniser.of(loaded, boost=combine(lm_automaton(lm, pieces, 2.0)))
+    [want_text] = [t.text for t in transcribe_files(recogniser, [audio])]
+    assert (out / f"{audio.stem}.txt").read_text().split("\t")[-1].strip() == want_text
