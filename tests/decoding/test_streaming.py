@@ -226,14 +226,19 @@ def test_a_tdt_model_streams_greedily_only(tdt_network):
 
 
 def _boost_from(tokens, vocab_size):
-    """Word-boosting tables of phrases near what the search finds: pairs of its tokens,
-    shifted to other ids (so boosting changes the result)."""
+    """Word-boosting tables of phrases near what the search finds (pairs of its tokens,
+    shifted to other ids, so boosting changes the result), with an LM of those shifted
+    tokens beside them: two automata."""
     from asrkit.decoding.boosting import boost_tables
     from asrkit.decoding.fusion import combine
+    from asrkit.decoding.lm_fusion import lm_automaton
+    from asrkit.ngram import estimate
 
-    pairs = {tuple(t % (vocab_size - 1) + 1 for t in tokens[i : i + 2]): 1.5
-             for i in range(0, len(tokens) - 1, 5)}  # fmt: skip
-    return combine(boost_tables(pairs, vocab_size))
+    shifted = [t % (vocab_size - 1) + 1 for t in tokens]
+    pairs = {tuple(shifted[i : i + 2]): 1.5 for i in range(0, len(tokens) - 1, 5)}
+    pieces = ["<blank>", *(f"p{i}" for i in range(1, vocab_size))]
+    lm = estimate([[pieces[t] for t in shifted]], 3, pieces[1:])
+    return combine(boost_tables(pairs, vocab_size), lm_automaton(lm, pieces, 0.3))
 
 
 @pytest.mark.parametrize("beam", [1, 4])
