@@ -42,6 +42,13 @@ Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, N
   measuring environment (oneDNN off: exact allocator peaks) and as its commands run
   (`AS_COMMANDS_RUN`, oneDNN on: the time users get; oneDNN's scratch is then outside the
   allocator's figures).
+- `boost` (not by default; `--boost FILE`): greedy decoding with word boosting, each side's
+  own (NeMo's boosting tree, `greedy.boosting_tree` with `context_score` = `--boost-weight`,
+  depth scaling 1, no Triton; asrkit's `--boost` tables at that weight): the search alone,
+  one utterance per call and 16 per call, without and with the phrases, and how many
+  utterances' text the phrases changed. The two score a match differently (NeMo adds
+  log(depth) per piece and keeps what a finished phrase earned on leaving it; asrkit gives
+  back only abandoned matches), so their texts are not compared token for token.
 - `fit` (not by default): the most utterances of the first `--shapes`' length and labels
   each side fits in one update under a process memory cap (`--cap`, e.g. 6GiB): the peak
   RSS of a child per count tried, doubling from 1, then halving the gap; asrkit as its
@@ -137,6 +144,39 @@ def _asrkit(request: dict) -> dict:
             }
             for stage, fn in stages.items():
                 out[f"  {stage} RTF, {per_call} per call"] = _median_time(fn) / seconds
+    elif request["task"] == "boost":
+        from asrkit.decoding.boosting import Phrase, boost_tables, phrase_sequences
+        from asrkit.decoding.fusion import as_tensors, combine
+        from asrkit.decoding.runner import featurise_samples
+        from asrkit.decoding.search import DecodeOptions, search
+
+        config, network, normalize = experiment.config, experiment.network, experiment.normalizer
+        options = DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
+        phrases = [Phrase(p, request["boost_weight"]) for p in request["boost"]]
+        tables = as_tensors(combine(boost_tables(
+            phrase_sequences(phrases, experiment.tokenizer), network.vocab_size
+        )))  # fmt: skip
+        encode = tf.function(lambda f, n: network.encode(f, n, training=False),
+                             reduce_retracing=True, autograph=False)  # fmt: skip
+        find = tf.function(lambda e, n, b=None: search(network, e, n, options, b),
+                           reduce_retracing=True, autograph=False)  # fmt: skip
+        seconds = sum(len(w) for w in waves) / 16000
+        for per_call in (1, 16):
+            groups = [waves[i : i + per_call] for i in range(0, len(waves), per_call)]
+            batches = [featurise_samples(g, config.features, normalize) for g in groups]
+            encoded = [encode(b.features, b.feature_lengths) for b in batches]
+            texts = {}
+            for label, boost in (("plain", None), ("boosted", tables)):
+
+                def run(encoded=encoded, boost=boost):
+                    return [find(e, n, boost) for e, n in encoded]
+
+                out[f"search RTF {label}, {per_call} per call"] = _median_time(run) / seconds
+                texts[label] = [f.tokens[i, 0, : f.counts[i, 0]].numpy().tolist()
+                                for f in run() for i in range(f.counts.shape[0])]  # fmt: skip
+            out[f"utterances changed, {per_call} per call"] = sum(
+                a != b for a, b in zip(texts["plain"], texts["boosted"], strict=True)
+            )
     elif request["task"] == "loss":
         from asrkit.losses import rnnt_loss
 
@@ -309,6 +349,40 @@ def _nemo(request: dict) -> dict:
                           "search": lambda encoded=encoded: search(encoded)}  # fmt: skip
                 for stage, fn in stages.items():
                     out[f"  {stage} RTF, {per_call} per call"] = _median_time(fn) / seconds
+    elif request["task"] == "boost":
+        from omegaconf import open_dict
+
+        model.eval()
+        seconds = sum(len(w) for w in waves) / 16000
+        plain_cfg = model.cfg.decoding
+        boosted_cfg = plain_cfg.copy()
+        with open_dict(boosted_cfg):
+            boosted_cfg.strategy = "greedy_batch"
+            boosted_cfg.greedy.boosting_tree = {
+                "key_phrases_list": request["boost"], "context_score": request["boost_weight"],
+                "depth_scaling": 1.0, "use_triton": False,
+            }  # fmt: skip
+            boosted_cfg.greedy.boosting_tree_alpha = 1.0
+        for per_call in (1, 16):
+            groups = [padded(waves[i : i + per_call]) for i in range(0, len(waves), per_call)]
+            texts = {}
+            with torch.inference_mode():
+                encoded = [model.encoder(audio_signal=f, length=n)
+                           for f, n in (model.preprocessor(input_signal=x, length=n)
+                                        for x, n in groups)]  # fmt: skip
+                for label, cfg in (("plain", plain_cfg), ("boosted", boosted_cfg)):
+                    model.change_decoding_strategy(cfg, verbose=False)
+
+                    def run(encoded=encoded):
+                        return [h for e, n in encoded for h in
+                                model.decoding.rnnt_decoder_predictions_tensor(
+                                    encoder_output=e, encoded_lengths=n)]  # fmt: skip
+
+                    out[f"search RTF {label}, {per_call} per call"] = _median_time(run) / seconds
+                    texts[label] = [list(map(int, h.y_sequence)) for h in run()]
+            out[f"utterances changed, {per_call} per call"] = sum(
+                a != b for a, b in zip(texts["plain"], texts["boosted"], strict=True)
+            )
     elif request["task"] == "loss":
         from nemo.collections.asr.losses.rnnt import RNNTLoss
 
@@ -456,7 +530,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--utterances", type=int, default=64)
     parser.add_argument("--tasks", nargs="+", default=["decode", "loss", "train"],
-                        choices=["decode", "loss", "train", "step", "fit"])  # fmt: skip
+                        choices=["decode", "loss", "train", "step", "fit", "boost"])  # fmt: skip
+    parser.add_argument("--boost", metavar="FILE",
+                        help="boost: the phrase list (one phrase per line)")  # fmt: skip
+    parser.add_argument("--boost-weight", type=float, default=1.0,
+                        help="boost: per piece (asrkit) and NeMo's context_score")  # fmt: skip
     parser.add_argument("--shapes", default="2x10x40",
                         help="step: micro-batches, UTTERANCESxSECONDSxLABELS[,...]; fit: "
                              "the utterances' SECONDS and LABELS of the first")  # fmt: skip
@@ -469,6 +547,8 @@ def main() -> None:
         _refuse(f"--nemo-model {args.nemo_model}: no such file")
     if set(args.tasks) - {"step", "fit"} and not (args.manifest and Path(args.manifest).is_file()):
         _refuse(f"--manifest {args.manifest}: no such file (decode, loss and train read it)")
+    if "boost" in args.tasks and not (args.boost and Path(args.boost).is_file()):
+        _refuse(f"--boost {args.boost}: no such phrase list (the boost task needs one)")
     shapes = [_parse_shape(text) for text in args.shapes.split(",")]
     cap = _parse_cap(args.cap)
     base = {
@@ -476,6 +556,11 @@ def main() -> None:
         "manifest": str(Path(args.manifest).resolve()) if args.manifest else None,
         "utterances": args.utterances,
     }
+    if args.boost:
+        lines = Path(args.boost).read_text(encoding="utf-8").splitlines()
+        base["boost"] = [" ".join(line.split()) for line in lines
+                         if line.strip() and not line.lstrip().startswith("#")]  # fmt: skip
+        base["boost_weight"] = args.boost_weight
     print(f"{args.nemo_model} ({args.manifest or 'fabricated micro-batches'}); "
           f"{args.repeats} alternating repeats, median (min-max)", flush=True)  # fmt: skip
     scratch = tempfile.TemporaryDirectory()  # the imported experiment: removed after
