@@ -285,3 +285,39 @@ def test_bench_boosting_prints_recall_wer_false_alarms_and_time(tiny_experiment,
         assert f"/{said} (" in line and "false alarms " in line
         assert int(re.search(r"false alarms (\d+)/(\d+)", line)[2]) == len(utts) - saying
     assert len(re.findall(r"per call: no boost [\d.]+ \(", out)) == 2
+
+
+@pytest.mark.slow
+def test_bench_lm_fusion_prints_wer_per_setting_recall_and_time(tiny_experiment, tmp_path):
+    """An LM of the manifest's own transcripts (`asrkit lm train`): one WER line per search
+    and setting (no LM, each LM weight, each with LODR); with `--said`, the counts of the
+    said word that the manifest holds; then the time lines. The WER without an LM is what
+    `asrkit decode` of the same manifest reports."""
+    from asrkit.cli.main import main
+    from asrkit.data.manifest import read_manifest
+    from asrkit.metrics import normalize
+
+    exp, manifest = tiny_experiment
+    arpa, low = tmp_path / "lm.arpa", tmp_path / "low.arpa"
+    assert main(["lm", "train", "--tokenizer", str(exp), "--manifest", str(manifest),
+                 "--out", str(arpa)]) == 0  # fmt: skip
+    assert main(["lm", "train", "--tokenizer", str(exp), "--manifest", str(manifest),
+                 "--order", "1", "--out", str(low)]) == 0  # fmt: skip
+    words = [normalize(u.text).split() for u in read_manifest(manifest)]
+    word = max(words[0], key=len)
+    (tmp_path / "said.txt").write_text(f"{word}\n")
+    out = _run(str(TOOLS / "bench_lm_fusion.py"), "--exp-dir", str(exp), "--manifest",
+               str(manifest), "--lm", str(arpa), "--lodr", str(low), "--lm-weights", "0.3,1",
+               "--lodr-weights", "0.1", "--said", str(tmp_path / "said.txt"), "--methods",
+               "greedy", "--average", "1", "--timed", "2", "--repeats", "1")  # fmt: skip
+    labels = ["no LM", "LM 0.3", "LM 0.3 - LODR 0.1", "LM 1", "LM 1 - LODR 0.1"]
+    lines = [line for line in out.splitlines() if line.startswith("greedy, ") and "WER" in line]
+    assert [line.split(": WER")[0] for line in lines] == [f"greedy, {x}" for x in labels]
+    said = sum(w.count(word) for w in words)
+    assert all(f"/{said}, WER without them" in line for line in lines)
+    assert len(re.findall(r"per call: no LM [\d.]+ \(", out)) == 2
+    report = tmp_path / "decoded"
+    assert main(["decode", "--exp-dir", str(exp), "--manifest", str(manifest), "--average", "1",
+                 "--out", str(report)]) == 0  # fmt: skip
+    wer = json.loads((report / "wer.json").read_text())["wer"]
+    assert f"greedy, no LM: WER {100 * wer:.2f} %" in out
