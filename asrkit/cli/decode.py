@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, args.chunk_frames)
     network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     options = search_options(args, config.decode.max_symbols_per_step, config.model)
-    boost = fusion_for(args, tokenizer, network.vocab_size, config.decode)
+    boost = fusion_for(args, tokenizer, network.vocab_size, config.decode,
+                       nemo_ids=config.features.kind == "nemo")  # fmt: skip
     if args.shards:
         check_shards(args.shards, config, tokenizer)
         report = decode_shards(

@@ -148,9 +148,10 @@ def _check_fusion_arguments(args: argparse.Namespace) -> None:
                      if getattr(args, o, None)}  # fmt: skip
 
 
-def fusion_for(args: argparse.Namespace, tokenizer, vocab_size: int, decode):
+def fusion_for(args: argparse.Namespace, tokenizer, vocab_size: int, decode, nemo_ids=False):
     """The tables `--boost`, `--lm` and `--lodr` ask for (None without them), over
-    `vocab_size` ids; weights from `decode` (a DecodeConfig) unless given."""
+    `vocab_size` ids; weights from `decode` (a DecodeConfig) unless given. `nemo_ids`: the
+    model was imported from NeMo (its token LMs are taken too)."""
     lms = getattr(args, "read_lms", {})
     if not getattr(args, "boost", None) and not lms:
         return None
@@ -167,5 +168,7 @@ def fusion_for(args: argparse.Namespace, tokenizer, vocab_size: int, decode):
         if option in lms:
             given = getattr(args, f"{option}_weight")
             weight = getattr(decode, f"{option}_weight") if given is None else given
-            automata.append(lm_automaton(lms[option], pieces, sign * weight, f"--{option}"))
+            automata.append(
+                lm_automaton(lms[option], pieces, sign * weight, f"--{option}", nemo_ids)
+            )
     return combine(*automata)

@@ -190,7 +190,8 @@ def _experiment_recogniser(args):
     )
     config = experiment.config
     options = search_options(args, config.decode.max_symbols_per_step, config.model)
-    boost = fusion_for(args, experiment.tokenizer, experiment.network.vocab_size, config.decode)
+    boost = fusion_for(args, experiment.tokenizer, experiment.network.vocab_size, config.decode,
+                       nemo_ids=config.features.kind == "nemo")  # fmt: skip
     return NetworkRecogniser.of(experiment, options, boost)
 
 

@@ -6,6 +6,10 @@ earns `weight x ln P(t | h)` (the ARPA back-off rule) and leads to the longest l
 context that ends h t; ending in h earns `weight x ln P(</s> | h)`. A search starts in
 the context <s>. A negative weight subtracts the LM (LODR: a low-order LM of the training
 transcripts, so that the model's own internal LM is not counted twice).
+
+NeMo's n-gram LMs for its BPE models (its `train_kenlm.py`) write each token id k as the
+character chr(k + 100); a model imported from NeMo has asrkit id k + 1 for NeMo's id k, so
+such an LM is read through those names (`nemo_token_names`).
 """
 
 from __future__ import annotations
@@ -20,26 +24,41 @@ from asrkit.ngram.model import END, START, UNKNOWN, UNLISTED_UNKNOWN, NGramLM
 from asrkit.tokenizer import BLANK_ID
 
 LN10 = math.log(10.0)
+NEMO_TOKEN_OFFSET = 100  # NeMo's DEFAULT_TOKEN_OFFSET: token id k is written chr(k + 100)
 
 
-def lm_automaton(lm: NGramLM, pieces: list[str], weight: float, name: str = "--lm") -> Automaton:
+def nemo_token_names(vocab_size: int) -> list[str]:
+    """The words a NeMo token LM uses for each asrkit id of a model imported from NeMo
+    (blank first, then NeMo's ids 0.. shifted by one)."""
+    return ["<blank>", *(chr(NEMO_TOKEN_OFFSET + k) for k in range(vocab_size - 1))]
+
+
+def lm_automaton(
+    lm: NGramLM, pieces: list[str], weight: float, name: str = "--lm", nemo_ids: bool = False
+) -> Automaton:
     """`lm` (over the strings of `pieces`, indexed by token id) as an `Automaton` earning
-    `weight` x its natural-log probabilities. An LM over other units (words, another
+    `weight` x its natural-log probabilities. With `nemo_ids` (a model imported from NeMo)
+    an LM in NeMo's token encoding is taken too. An LM over other units (words, another
     tokenizer's pieces) is refused, naming some of them."""
-    ids = {piece: i for i, piece in enumerate(pieces) if i != BLANK_ID}
     words = [w for w in lm.words if w not in (START, END, UNKNOWN)]
+    if nemo_ids and any(w not in pieces for w in words):
+        names = nemo_token_names(len(pieces))
+        if all(w in names for w in words):
+            pieces = names
+    ids = {piece: i for i, piece in enumerate(pieces) if i != BLANK_ID}
     foreign = [w for w in words if w not in ids]
     if foreign:
         raise InputError(
             f"{name}: {len(foreign)} of the LM's {len(words)} words are not pieces of this "
             f"model ({', '.join(repr(w) for w in foreign[:5])}): fusion takes an LM over the "
-            "model's own pieces; make one from text with `asrkit lm train`"
+            "model's own pieces (or, for a model imported from NeMo, NeMo's token LM of it); "
+            "make one from text with `asrkit lm train`"
         )
     vocab = len(pieces)
     contexts = sorted(
         {g for g in lm.probs if len(g) < lm.order and END not in g and UNKNOWN not in g
          and START not in g[1:]} | {()},
-        key=len,
+        key=lambda g: (len(g), g),
     )  # fmt: skip
     if len(contexts) * vocab > MAX_TABLE_ENTRIES:
         raise InputError(

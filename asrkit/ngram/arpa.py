@@ -2,7 +2,9 @@
 
 A file is a `\\data\\` header of `ngram N=count` lines, then one `\\N-grams:` section per
 order, each line `log10-prob<TAB>w1 ... wN[<TAB>log10-back-off]`, then `\\end\\`. Fields
-may be separated by any whitespace (as KenLM's and SRILM's writers and readers allow).
+are separated by spaces or tabs, and lines by newlines, only: a word may be any other
+character (NeMo's token LMs write token 33 as U+0085, which Python counts as a line break
+and as whitespace).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from asrkit.ngram.model import NEVER, NGramLM
 
 _COUNT = re.compile(r"ngram\s+(\d+)\s*=\s*(\d+)$")
 _SECTION = re.compile(r"\\(\d+)-grams:$")
+_FIELDS = re.compile(r"[ \t]+")
 
 
 def read_arpa(path: str | Path, option: str = "--lm") -> NGramLM:
@@ -25,21 +28,21 @@ def read_arpa(path: str | Path, option: str = "--lm") -> NGramLM:
     where = f"{option} {path}"
     try:
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        with opener(path, "rt", encoding="utf-8", newline="\n") as f:
+            lines = [line.rstrip("\r") for line in f.read().split("\n")]
     except FileNotFoundError:
         raise InputError(f"{where}: no such file") from None
     except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
         raise InputError(f"{where}: not an ARPA text file ({err})") from None
     number = 0
-    while number < len(lines) and lines[number].strip() != "\\data\\":
+    while number < len(lines) and lines[number].strip(" \t") != "\\data\\":
         number += 1
     if number == len(lines):
         raise InputError(f"{where}: no \\data\\ line: not an ARPA language model")
     counts: dict[int, int] = {}
     number += 1
-    while number < len(lines) and not lines[number].strip().startswith("\\"):
-        line = lines[number].strip()
+    while number < len(lines) and not lines[number].strip(" \t").startswith("\\"):
+        line = lines[number].strip(" \t")
         number += 1
         if not line:
             continue
@@ -55,19 +58,19 @@ def read_arpa(path: str | Path, option: str = "--lm") -> NGramLM:
     probs: dict[tuple[str, ...], float] = {}
     backoffs: dict[tuple[str, ...], float] = {}
     for n in range(1, order + 1):
-        while number < len(lines) and not lines[number].strip():
+        while number < len(lines) and not lines[number].strip(" \t"):
             number += 1
-        header = lines[number].strip() if number < len(lines) else "the end of the file"
+        header = lines[number].strip(" \t") if number < len(lines) else "the end of the file"
         match = _SECTION.match(header)
         if not match or int(match[1]) != n:
             raise InputError(f"{where}:{number + 1}: expected \\{n}-grams:, found '{header[:60]}'")
         number += 1
         section = number
         found = 0
-        while number < len(lines) and lines[number].strip() and not lines[number].startswith("\\"):
+        while number < len(lines) and (line := lines[number].strip(" \t")) and line[0] != "\\":
             number += 1
             found += 1
-            fields = lines[number - 1].split()
+            fields = _FIELDS.split(line)
             if len(fields) not in (n + 1, n + 2):
                 raise InputError(
                     f"{where}:{number}: a {n}-gram line is a log10 probability, {n} word(s) "
@@ -87,9 +90,9 @@ def read_arpa(path: str | Path, option: str = "--lm") -> NGramLM:
                 f"{where}:{section}: the header counts {counts[n]} {n}-grams, the section "
                 f"holds {found}"
             )
-    while number < len(lines) and not lines[number].strip():
+    while number < len(lines) and not lines[number].strip(" \t"):
         number += 1
-    if number >= len(lines) or lines[number].strip() != "\\end\\":
+    if number >= len(lines) or lines[number].strip(" \t") != "\\end\\":
         raise InputError(f"{where}:{number + 1}: expected \\end\\ after the {order}-grams")
     return NGramLM(order, probs, backoffs)
 

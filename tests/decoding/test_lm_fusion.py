@@ -204,3 +204,30 @@ def test_lm_weight_zero_is_no_lm_bit_for_bit(model, method):
     options = DecodeOptions(method, beam=4)
     plain = decode_nbest(model, feats, LENGTHS, options=options)
     assert decode_nbest(model, feats, LENGTHS, options=options, boost=tables) == plain
+
+
+def test_a_nemo_token_lm_scores_as_nemo_scores_it_for_an_imported_model():
+    """NeMo's own `NGramGPULanguageModel` scored token sequences over a committed LM in
+    NeMo's token encoding (`tools/fixture_nemo_lm.py`): at every step every token's score,
+    and the end. The same file, read for a model imported from NeMo (asrkit id = NeMo id +
+    1, blank first), earns the same; a model not imported from NeMo refuses it."""
+    import json
+    from pathlib import Path
+
+    from asrkit.ngram import read_arpa
+
+    data = Path(__file__).resolve().parents[1] / "data" / "lm"
+    lm = read_arpa(data / "nemo_tokens3.arpa")
+    rows = json.loads((data / "nemo_lm_scores.json").read_text())
+    vocab = len(rows[0]["steps"][0]) + 1 if rows[0]["steps"] else 31
+    pieces = [f"piece{i}" for i in range(vocab)]
+    automaton = lm_automaton(lm, pieces, 1.0, nemo_ids=True)
+    assert sum(len(r["steps"]) for r in rows) >= 30
+    for row in rows:
+        state = automaton.start
+        for token, nemo_scores in zip(row["tokens"], row["steps"], strict=True):
+            np.testing.assert_allclose(automaton.bonus[state, 1:], nemo_scores, atol=2e-5)
+            state = automaton.next_state[state, token + 1]
+        assert automaton.final[state] == pytest.approx(row["final"], abs=2e-5)
+    with pytest.raises(InputError, match="not pieces of this model"):
+        lm_automaton(lm, pieces, 1.0)

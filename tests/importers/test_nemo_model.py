@@ -384,3 +384,37 @@ def test_beam_search_finds_the_best_hypothesis_nemos_beam_search_finds(imported,
     greedy = decode_batch(experiment.network, batch, lengths, experiment.tokenizer,
                           dataclasses.replace(options, method="greedy"))  # fmt: skip
     assert all(b.score >= g.score - 1e-4 for b, g in zip(hyps, greedy, strict=True))
+
+
+def test_transcribe_takes_nemos_token_lm_for_an_imported_model(tmp_path, capsys):
+    """An LM in NeMo's token encoding (token k as chr(k + 100), as NeMo's train_kenlm.py
+    writes one for a BPE model) over the model's tokens: `transcribe --lm` of the imported
+    experiment searches with the tables `lm_automaton` makes of it through NeMo's ids (and
+    they change what it finds)."""
+    from asrkit.cli.main import main
+    from asrkit.decoding.fusion import combine
+    from asrkit.decoding.lm_fusion import lm_automaton, nemo_token_names
+    from asrkit.decoding.transcribe import NetworkRecogniser, transcribe_files
+    from asrkit.ngram import estimate, read_arpa, write_arpa
+
+    exp = tmp_path / "exp"
+    assert main(["import", "nemo", str(DATA / "rnnt.nemo"), "--exp-dir", str(exp)]) == 0
+    experiment = load_experiment(exp)
+    vocab = experiment.network.vocab_size
+    names = nemo_token_names(vocab)
+    rng = np.random.default_rng(0)
+    text = [[names[t] for t in rng.integers(1, vocab, 6)] for _ in range(50)]
+    arpa = write_arpa(estimate(text, 2, names[1:]), tmp_path / "nemo.arpa")
+    pieces = [experiment.tokenizer.piece(i) for i in range(vocab)]
+    tables = combine(lm_automaton(read_arpa(arpa), pieces, 2.0, nemo_ids=True))
+    options = DecodeOptions("beam", beam=3)
+    clips = [ROOT / clip for clip in META["clips"]]
+    plain = [t.text for t in transcribe_files(NetworkRecogniser.of(experiment, options), clips)]
+    want = [t.text for t in transcribe_files(
+        NetworkRecogniser.of(experiment, options, tables), clips)]  # fmt: skip
+    assert want != plain
+    capsys.readouterr()
+    assert main(["transcribe", "--exp-dir", str(exp), "--method", "beam", "--beam", "3",
+                 "--lm", str(arpa), "--lm-weight", "2", *map(str, clips)]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split("\t", 1)[1] if "\t" in line else "" for line in lines] == want

@@ -144,3 +144,15 @@ def test_log_zero_is_read_as_arpas_never(tmp_path):
     path.write_text(_broken(HAND, "-2.00\t<unk>", "-inf\t<unk>"))
     assert read_arpa(path).probs[("<unk>",)] == -99.0
     assert not math.isinf(read_arpa(path).log10_prob("zebra"))
+
+
+def test_words_may_be_characters_python_counts_as_whitespace(tmp_path):
+    """NeMo's token LMs write token k as chr(k + 100): token 33 is U+0085 (a line break to
+    Python) and token 60 U+00A0 (a no-break space). Only spaces, tabs and newlines
+    separate."""
+    odd = ["\x85", "\xa0", "a"]
+    lm = estimate([odd, odd[:2]], 2, odd)
+    path = write_arpa(lm, tmp_path / "nemo.arpa")
+    again = read_arpa(path)
+    assert again.probs.keys() == lm.probs.keys()
+    assert again.sentence_log10(odd) == pytest.approx(lm.sentence_log10(odd), abs=1e-5)
