@@ -331,20 +331,25 @@ def export_streaming(
     checkpoint: str | None = None,
     average: int = 1,
     chunk_frames: int | None = None,
+    fusion: FusionTables | None = None,
+    fusion_described: str = "",
 ) -> Path:
     """Writes a streaming SavedModel: `initial_state()` -> the state_* tensors of a new
     stream; `stream_step(samples, state_*...)` -> the tokens the samples completed (any
     number of samples, 0 included), their times, the text so far and the new state_*;
     `stream_finish(state_*...)` at the end of the stream. Greedy search, as `asrkit
     transcribe --streaming`; needs an encoder that streams. `chunk_frames`: another chunk
-    size for a model trained with dynamic chunks."""
+    size for a model trained with dynamic chunks. `fusion`: word boosting and/or LM tables
+    built into the graph (the automata's states are one more state_* tensor), as
+    `fusion_described` says."""
     from asrkit.decoding.streaming import StreamingDecoder
 
     experiment = load_experiment(exp_dir, checkpoint, average, chunk_frames)
     model, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     decoder = StreamingDecoder(
-        model, config.features, experiment.normalizer, config.decode.max_symbols_per_step
-    )
+        model, config.features, experiment.normalizer, config.decode.max_symbols_per_step,
+        boost=fusion,
+    )  # fmt: skip
     pieces = tf.constant(tokenizer.surface_pieces())
     clock = FrameClock.of(config.features, experiment.emission_delay, config.model.encoder)
     template = decoder.initial_state()
@@ -420,7 +425,7 @@ def export_streaming(
         "pieces": tokenizer.surface_pieces(),  # token id -> text ("▁" starts a word)
         "outputs": STREAM_OUTPUTS,
         "state": names,
-        "decoding": "greedy, streaming",
+        "decoding": "greedy, streaming" + (f", {fusion_described}" if fusion else ""),
         "frame_period": clock.period,
         "frame_offset": clock.offset,
         "emission_delay": clock.delay,

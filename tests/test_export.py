@@ -499,6 +499,54 @@ def test_streaming_export_serves_pieces_without_asrkit(kind, request, tmp_path):
         assert a["times"] == pytest.approx(b["times"], abs=1e-4)
 
 
+@pytest.mark.slow
+def test_a_streaming_export_with_boosting_and_an_lm_built_in(experiment, tmp_path):
+    """`asrkit export --streaming --litert --boost --lm`: the SavedModel (fed without asrkit)
+    and its LiteRT model end each clip with the tokens of the network's greedy search with
+    the same tables on the whole clip, which differ from the plain search's; the export
+    says what it has built in. Without --streaming the options are refused in one line."""
+    from asrkit.decoding.boosting import load_boost
+    from asrkit.decoding.fusion import combine
+    from asrkit.decoding.lm_fusion import lm_automaton
+    from asrkit.ngram import estimate, read_arpa, write_arpa
+
+    _, exp, utts = experiment
+    loaded = load_experiment(exp)
+    tokenizer, vocab = loaded.tokenizer, loaded.network.vocab_size
+    pieces = [tokenizer.piece(i) for i in range(vocab)]
+    text = [[pieces[i] for i in tokenizer.encode("the tarot nest stone")]] * 3
+    arpa = write_arpa(estimate(text, 3, pieces[1:]), tmp_path / "lm.arpa")
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("tarot\nstone\n")
+    asrkit = Path(sys.executable).parent / "asrkit"
+    out = tmp_path / "streaming"
+    fusion = ["--boost", str(phrases), "--boost-weight", "3", "--lm", str(arpa),
+              "--lm-weight", "0.5"]  # fmt: skip
+    made = subprocess.run([asrkit, "export", "--exp-dir", str(exp), "--out", str(out),
+                           "--streaming", "--litert", *fusion], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    info = json.loads((out / "asrkit_export.json").read_text())
+    assert "boosting phrases.txt (weight 3), LM lm.arpa (weight 0.5)" in info["decoding"]
+    tables = combine(load_boost(phrases, tokenizer, vocab, 3.0),
+                     lm_automaton(read_arpa(arpa), pieces, 0.5))  # fmt: skip
+    paths = [u.audio_path for u in utts[:3]]
+    whole = [t.hypothesis.tokens for t in
+             transcribe_files(NetworkRecogniser.of(loaded, boost=tables), paths)]  # fmt: skip
+    plain = [t.hypothesis.tokens for t in transcribe_files(NetworkRecogniser.of(loaded), paths)]
+    assert whole != plain
+    run = subprocess.run([sys.executable, "-c", STREAM_WITHOUT_ASRKIT, str(out), *paths],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [r["tokens"] for r in json.loads(run.stdout.strip().splitlines()[-1])] == whole
+    assert [r["tokens"] for r in run_litert(out / "stream_tokens.tflite", paths)] == whole
+    wrong = subprocess.run([asrkit, "export", "--exp-dir", str(exp), "--out",
+                            str(tmp_path / "x"), *fusion], capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert wrong.returncode == 2 and "built into a streaming export" in wrong.stderr
+    assert "Traceback" not in wrong.stderr and not (tmp_path / "x").exists()
+
+
 def run_litert(model_path, paths):
     """The LiteRT model of the streaming step, fed the same 0.13 s pieces from the initial
     state saved beside it."""

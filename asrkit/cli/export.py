@@ -7,9 +7,11 @@ from pathlib import Path
 
 from asrkit.cli.options import (
     add_chunk_argument,
+    add_fusion_arguments,
     add_search_arguments,
     add_weights_arguments,
     check_search_arguments,
+    fusion_for,
     search_options,
 )
 
@@ -23,6 +25,7 @@ def register(subparsers) -> None:
     add_weights_arguments(export)
     add_chunk_argument(export)
     add_search_arguments(export, help="the search built into the graph")
+    add_fusion_arguments(export)  # built into a streaming export; per request otherwise
     export.add_argument(
         "--streaming", action="store_true",
         help="a streaming SavedModel instead: initial_state() and stream_step(samples, "
@@ -46,14 +49,31 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--litert converts the streaming step: add --streaming")
     if args.streaming and args.method != "greedy":
         raise InputError(f"--streaming exports greedy search: drop --method {args.method}")
+    fused = [f"--{o}" for o in ("boost", "lm", "lodr") if getattr(args, o)]
+    if fused and not args.streaming:
+        raise InputError(
+            f"{' and '.join(fused)}: a whole-utterance export takes phrases and LMs per "
+            "request (serve_boosted; `asrkit transcribe --model EXPORT --boost/--lm`); they "
+            "are built into a streaming export (--streaming) only"
+        )
     recorded = load_experiment_config(args.exp_dir)  # TF not yet
     options = search_options(args, recorded.decode.max_symbols_per_step, recorded.model)
+    fusion, described = None, ""
+    if fused:
+        from asrkit.experiment import TOKENIZER_DIR
+        from asrkit.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.load(Path(args.exp_dir) / TOKENIZER_DIR)
+        fusion = fusion_for(args, tokenizer, tokenizer.vocab_size, recorded.decode,
+                            nemo_ids=recorded.features.kind == "nemo")  # fmt: skip
+        described = _described(args, recorded.decode)
     with replacing_directory(args.out, "--out", args.force) as out:
         from asrkit.decoding.search import describe
         from asrkit.export import convert_to_litert, export_model, export_streaming
 
         if args.streaming:
-            export_streaming(args.exp_dir, out, args.checkpoint, args.average, args.chunk_frames)
+            export_streaming(args.exp_dir, out, args.checkpoint, args.average, args.chunk_frames,
+                             fusion, described)  # fmt: skip
             if args.litert:
                 convert_to_litert(out, out / "stream_tokens.tflite")
         else:
@@ -69,3 +89,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"SavedModel -> {args.out} (serving_default: one waveform, serve_batch: [N, S] + "
               f"lengths -> text, timed words, n-best; {describe(options)})")  # fmt: skip
     return 0
+
+
+def _described(args: argparse.Namespace, decode) -> str:
+    """What a streaming export has built in, for its asrkit_export.json."""
+    parts = []
+    for option, name in (("boost", "boosting"), ("lm", "LM"), ("lodr", "minus LODR")):
+        if getattr(args, option):
+            given = getattr(args, f"{option}_weight")
+            weight = getattr(decode, f"{option}_weight") if given is None else given
+            parts.append(f"{name} {Path(getattr(args, option)).name} (weight {weight:g})")
+    return ", ".join(parts)
