@@ -120,6 +120,16 @@ def writable_parent(path: str | os.PathLike, option: str) -> Path:
     return path
 
 
+def writable_file(path: str | os.PathLike, option: str) -> Path:
+    """For an output file written whole (replacing one that is there): it is not a
+    directory and its directory is proven writable; the path is returned."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{option} {path}: is a directory; give a file name")
+    writable_directory(path.parent, option, shown=path)
+    return path
+
+
 @contextlib.contextmanager
 def replacing_directory(path: str | os.PathLike, option: str, force: bool):
     """Yields a new directory beside `path` to write a whole result (an export) into; on

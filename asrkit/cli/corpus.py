@@ -83,14 +83,14 @@ def run_synth(args: argparse.Namespace) -> int:
 
 def run_text(args: argparse.Namespace) -> int:
     from asrkit.data.synthetic import grammar_text
-    from asrkit.outputs import writable_parent, write_files
+    from asrkit.outputs import writable_file, write_files
 
     if args.count < 1:
         raise InputError(f"--count must be >= 1, got {args.count}")
     if not 0 <= args.entity_share <= 1:
         raise InputError(f"--entity-share must be in [0, 1], got {args.entity_share}")
     entities = _read_entities(args.entities) if args.entities else ()
-    out = writable_parent(args.out, "--out")
+    out = writable_file(args.out, "--out")
     entities = tuple(" ".join(e.upper().split()) for e in entities)
     lines = grammar_text(args.count, args.seed, args.language, entities, args.entity_share)
     write_files(out.parent, {out.name: "\n".join(lines) + "\n"})

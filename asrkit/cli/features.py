@@ -99,9 +99,9 @@ def run_extract(args: argparse.Namespace) -> int:
 def run_cmvn(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from asrkit.outputs import writable_parent
+    from asrkit.outputs import writable_file
 
-    writable_parent(Path(args.out).resolve(), "--out")
+    writable_file(Path(args.out).resolve(), "--out")
     from asrkit.data.records import shard_features
     from asrkit.features import GlobalNormalizer
 

@@ -23,17 +23,22 @@ def register(subparsers) -> None:
                         help="plain text, one sentence per line")  # fmt: skip
     source.add_argument("--manifest", nargs="+", metavar="FILE",
                         help="manifests (asrkit's or NeMo's): their transcripts")  # fmt: skip
-    train.add_argument("--order", type=int, default=3, help="n-gram order (3)")
+    train.add_argument(
+        "--order",
+        type=int,
+        default=3,
+        help="n-gram order (3; pieces of a letter or two want 5 or more)",
+    )
     train.add_argument("--out", required=True, help="the ARPA file to write (.arpa)")
     train.set_defaults(func=run_train)
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from asrkit.outputs import writable_parent
+    from asrkit.outputs import writable_file
 
     if not 1 <= args.order <= 10:
         raise InputError(f"--order must be 1 to 10, got {args.order}")
-    writable_parent(args.out, "--out")
+    writable_file(args.out, "--out")
     tokenizer = _tokenizer(Path(args.tokenizer))
     sentences = _sentences(args)
     from asrkit.ngram import estimate, write_arpa
@@ -49,6 +54,19 @@ def run_train(args: argparse.Namespace) -> int:
     tokens = sum(len(e) for e in encoded)
     print(f"LM: order {lm.order}, {len(sentences)} sentences, {tokens} pieces; {counts} "
           f"-> {args.out}")  # fmt: skip
+    from asrkit.decoding.fusion import MAX_TABLE_ENTRIES
+    from asrkit.decoding.lm_fusion import lm_contexts
+
+    contexts = len(lm_contexts(lm))
+    if contexts * tokenizer.vocab_size > MAX_TABLE_ENTRIES:
+        import warnings
+
+        warnings.warn(
+            f"{args.out}: {contexts} contexts x {tokenizer.vocab_size} pieces exceed the "
+            f"{MAX_TABLE_ENTRIES:,} table entries a search takes: `--lm` will refuse it; "
+            "train with a lower --order or on less text",
+            stacklevel=1,
+        )
     return 0
 
 

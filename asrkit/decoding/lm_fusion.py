@@ -27,6 +27,17 @@ LN10 = math.log(10.0)
 NEMO_TOKEN_OFFSET = 100  # NeMo's DEFAULT_TOKEN_OFFSET: token id k is written chr(k + 100)
 
 
+def lm_contexts(lm: NGramLM) -> list[tuple[str, ...]]:
+    """The automaton's states: the empty context and every listed n-gram below the highest
+    order that a sentence can continue (no </s>, no <unk>, <s> only first), shortest
+    first."""
+    continued = {
+        g for g in lm.probs
+        if len(g) < lm.order and END not in g and UNKNOWN not in g and START not in g[1:]
+    }  # fmt: skip
+    return sorted(continued | {()}, key=lambda g: (len(g), g))
+
+
 def nemo_token_names(vocab_size: int) -> list[str]:
     """The words a NeMo token LM uses for each asrkit id of a model imported from NeMo
     (blank first, then NeMo's ids 0.. shifted by one)."""
@@ -55,11 +66,7 @@ def lm_automaton(
             "make one from text with `asrkit lm train`"
         )
     vocab = len(pieces)
-    contexts = sorted(
-        {g for g in lm.probs if len(g) < lm.order and END not in g and UNKNOWN not in g
-         and START not in g[1:]} | {()},
-        key=lambda g: (len(g), g),
-    )  # fmt: skip
+    contexts = lm_contexts(lm)
     if len(contexts) * vocab > MAX_TABLE_ENTRIES:
         raise InputError(
             f"{name}: {len(contexts)} contexts x {vocab} pieces exceed {MAX_TABLE_ENTRIES:,} "

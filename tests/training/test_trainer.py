@@ -958,3 +958,31 @@ def test_lm_train_and_decode_with_an_lm(workdir, uninterrupted, tmp_path):
     recogniser = NetworkRecogniser.of(loaded, boost=combine(lm_automaton(lm, pieces, 2.0)))
     [want_text] = [t.text for t in transcribe_files(recogniser, [audio])]
     assert (out / f"{audio.stem}.txt").read_text().split("\t")[-1].strip() == want_text
+
+
+def test_lm_train_warns_of_an_lm_too_big_for_a_search(workdir, tmp_path, monkeypatch, capsys):
+    """The contexts `lm train` reports against the table limit are the states `--lm` would
+    build: over the limit, a warning at training time and the same LM refused by `--lm`."""
+    import asrkit.decoding.fusion as fusion
+    import asrkit.decoding.lm_fusion as lm_fusion
+    from asrkit.cli.main import main
+    from asrkit.errors import InputError
+    from asrkit.ngram import read_arpa
+    from asrkit.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.load(workdir / "tokenizer")
+    pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
+    arpa = tmp_path / "lm.arpa"
+    argv = ["lm", "train", "--tokenizer", str(workdir / "tokenizer"), "--manifest",
+            str(workdir / "data" / "train-clean-100.jsonl"), "--out", str(arpa)]  # fmt: skip
+    assert main(argv) == 0
+    lm = read_arpa(arpa)
+    states = len(lm_fusion.lm_automaton(lm, pieces, 1.0).final)
+    assert states == len(lm_fusion.lm_contexts(lm))
+    for module in (fusion, lm_fusion):
+        monkeypatch.setattr(module, "MAX_TABLE_ENTRIES", states * len(pieces) - 1)
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match=f"{states} contexts x {len(pieces)} pieces exceed"):
+        assert main(argv) == 0, capsys.readouterr().err  # over the file it wrote before
+    with pytest.raises(InputError, match="use a lower order or a pruned LM"):
+        lm_fusion.lm_automaton(lm, pieces, 1.0)
