@@ -29,16 +29,10 @@ from harness import timed
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--exp-dir", required=True)
-    parser.add_argument("--manifest", required=True)
     parser.add_argument("--boost", required=True, help="the phrase list boosted")
     parser.add_argument("--said", required=True, help="the phrases the audio holds")
     parser.add_argument("--weights", default="0.5,1,2", help="bonus per piece, comma-separated")
-    parser.add_argument("--methods", default="greedy,beam")
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--average", type=int, default=2)
-    parser.add_argument("--timed", type=int, default=16, help="utterances timed")
-    parser.add_argument("--repeats", type=int, default=3)
+    add_test_set_arguments(parser)
     args = parser.parse_args(argv)
 
     from asrkit.decoding.boosting import load_boost, read_phrases
@@ -65,12 +59,7 @@ def main(argv=None) -> int:
                 args.boost, tokenizer, network.vocab_size, weight
             ))  # fmt: skip
             hyps = decode(options, boost)
-            hits = total = 0
-            for ref, hyp in zip(references, hyps, strict=True):
-                for phrase in said:
-                    n = _count(ref, phrase)
-                    total += n
-                    hits += min(n, _count(hyp, phrase))
+            hits, total = found_said(references, hyps, said)
             alarms = sum(_holds_any(hyps[i], boosted) for i in plain_rows)
             clean = error_rates([references[i] for i in plain_rows], [hyps[i] for i in plain_rows])
             everything = error_rates(references, hyps)
@@ -81,6 +70,28 @@ def main(argv=None) -> int:
                   f"false alarms {alarms}/{len(plain_rows)}")  # fmt: skip
         _time(network, tokenizer, options, name, batches, args, max(weights))
     return 0
+
+
+def add_test_set_arguments(parser) -> None:
+    """The experiment, the manifest and the searches a decoding bench runs."""
+    parser.add_argument("--exp-dir", required=True)
+    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--methods", default="greedy,beam")
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--average", type=int, default=2)
+    parser.add_argument("--timed", type=int, default=16, help="utterances timed")
+    parser.add_argument("--repeats", type=int, default=3)
+
+
+def found_said(references, hyps, said) -> tuple[int, int]:
+    """(occurrences of a `said` phrase in a reference that its hypothesis holds too, all
+    occurrences in the references)."""
+    hits = total = 0
+    for ref, hyp in zip(references, hyps, strict=True):
+        for phrase in said:
+            n = _count(ref, phrase)
+            total, hits = total + n, hits + min(n, _count(hyp, phrase))
+    return hits, total
 
 
 def load_test_set(args):

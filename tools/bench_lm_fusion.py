@@ -21,23 +21,24 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_boosting import _count, _holds_any, decode_texts, load_test_set, time_tables
+from bench_boosting import (
+    _holds_any,
+    add_test_set_arguments,
+    decode_texts,
+    found_said,
+    load_test_set,
+    time_tables,
+)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--exp-dir", required=True)
-    parser.add_argument("--manifest", required=True)
     parser.add_argument("--lm", required=True, help="ARPA over the model's pieces")
     parser.add_argument("--lodr", help="a low-order ARPA of the training transcripts")
     parser.add_argument("--lm-weights", default="0.2,0.4")
     parser.add_argument("--lodr-weights", default="0.1")
     parser.add_argument("--said", help="names the audio holds (recall)")
-    parser.add_argument("--methods", default="greedy,beam")
-    parser.add_argument("--beam", type=int, default=4)
-    parser.add_argument("--average", type=int, default=2)
-    parser.add_argument("--timed", type=int, default=16, help="utterances timed")
-    parser.add_argument("--repeats", type=int, default=3)
+    add_test_set_arguments(parser)
     args = parser.parse_args(argv)
 
     from asrkit.decoding.boosting import read_phrases
@@ -69,11 +70,7 @@ def main(argv=None) -> int:
             hyps = decode_texts(network, tokenizer, batches, options, tables)
             line = f"{name}, {label}: WER {100 * error_rates(references, hyps).wer:.2f} %"
             if said:
-                hits = total = 0
-                for ref, hyp in zip(references, hyps, strict=True):
-                    for phrase in said:
-                        n = _count(ref, phrase)
-                        total, hits = total + n, hits + min(n, _count(hyp, phrase))
+                hits, total = found_said(references, hyps, said)
                 clean = error_rates([references[i] for i in plain_rows],
                                     [hyps[i] for i in plain_rows])  # fmt: skip
                 line += (f", recall of the names {hits}/{total}, WER without them "

@@ -52,12 +52,12 @@ def lm_automaton(
     an LM in NeMo's token encoding is taken too. An LM over other units (words, another
     tokenizer's pieces) is refused, naming some of them."""
     words = [w for w in lm.words if w not in (START, END, UNKNOWN)]
-    if nemo_ids and any(w not in pieces for w in words):
-        names = nemo_token_names(len(pieces))
-        if all(w in names for w in words):
-            pieces = names
     ids = {piece: i for i, piece in enumerate(pieces) if i != BLANK_ID}
     foreign = [w for w in words if w not in ids]
+    if foreign and nemo_ids:
+        names = {piece: i for i, piece in enumerate(nemo_token_names(len(pieces))) if i}
+        if all(w in names for w in words):
+            ids, foreign = names, []
     if foreign:
         raise InputError(
             f"{name}: {len(foreign)} of the LM's {len(words)} words are not pieces of this "
