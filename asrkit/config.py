@@ -104,7 +104,8 @@ CONV_NORMS = ("layer", "batch", "frozen_batch")  # see model.encoder.conv_norm
 # error naming it (and a recorded config holds only these).
 LSTM_ENCODER_KEYS = ("kind", "lstm_units", "lstm_layers", "subsampling_filters", "dropout",
                      "recompute")  # fmt: skip
-STREAMING_KEYS = ("left_chunks", "dynamic_chunks", "conv_context")  # need chunk_frames > 0
+STREAMING_KEYS = ("left_chunks", "dynamic_chunks", "conv_context", "lookaheads")
+# (the streaming keys need chunk_frames > 0)
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,16 @@ class EncoderConfig:
     # frames before) or "chunk" (the centred kernel up to the end of the frame's chunk: no
     # latency beyond the chunk's, which attention waits for anyway).
     conv_context: str = "chunk"
+    # NeMo's causal_downsampling: the striding subsamplings' convolutions see no later frame
+    # (padded kernel - 1 before, stride - 1 after, in time and frequency), so a stream is
+    # subsampled as NeMo's cache-aware models do it. Needs subsampling striding/dw_striding.
+    causal_subsampling: bool = False
+    # A model trained with several look-aheads (NeMo's att_context_size list): each one's
+    # right context in encoder frames, the chunk being look-ahead + 1 frames; the first is
+    # the default (chunk_frames - 1), the left context stays left_chunks x chunk_frames
+    # frames for all. Training draws one per update (every micro-batch of a window alike);
+    # decoding picks one with --lookahead-frames. Empty: the model's chunk_frames only.
+    lookaheads: tuple[int, ...] = ()
 
     @property
     def frames_per_output(self) -> int:
@@ -206,6 +217,7 @@ class EncoderConfig:
         return f"model.encoder.{key} does not apply to this encoder ({why})"
 
     def __post_init__(self):
+        object.__setattr__(self, "lookaheads", tuple(self.lookaheads))
         _one_of(self, "model.encoder", kind=ENCODERS, subsampling=SUBSAMPLINGS,
                 attention=ATTENTIONS, final_norm=FINAL_NORMS, conv_norm=CONV_NORMS,
                 conv_context=CONV_CONTEXTS)  # fmt: skip
@@ -249,11 +261,29 @@ class EncoderConfig:
             raise ValueError(
                 f"model.encoder.dynamic_chunks must be >= 0, got {self.dynamic_chunks}"
             )
-        if self.chunk_frames and self.subsampling != "valid":
+        if self.chunk_frames and self.subsampling != "valid" and not self.causal_subsampling:
             raise ValueError(
-                "model.encoder.chunk_frames needs subsampling: valid (the padded striding "
-                f"subsamplings do not stream piece by piece), got {self.subsampling!r}"
+                "model.encoder.chunk_frames needs subsampling: valid, or a striding one with "
+                "causal_subsampling: true (the centred striding subsamplings do not stream "
+                f"piece by piece), got {self.subsampling!r}"
             )
+        if self.causal_subsampling and self.subsampling == "valid":
+            raise ValueError(
+                "model.encoder.causal_subsampling needs subsampling striding or dw_striding "
+                "(valid is causal already)"
+            )
+        if self.lookaheads:
+            if self.lookaheads[0] != self.chunk_frames - 1 or min(self.lookaheads) < 0:
+                raise ValueError(
+                    "model.encoder.lookaheads: the first is the default and must be "
+                    f"chunk_frames - 1 = {self.chunk_frames - 1}, all >= 0, got "
+                    f"{list(self.lookaheads)}"
+                )
+            if self.dynamic_chunks:
+                raise ValueError(
+                    "model.encoder.lookaheads and dynamic_chunks are two ways of training "
+                    "several chunk sizes: set one"
+                )
         applicable = self.applicable_keys()
         for field in dataclasses.fields(self):
             if field.name not in applicable and getattr(self, field.name) != field.default:

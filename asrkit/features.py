@@ -60,16 +60,27 @@ def encoder_frames(frames, encoder=None):
     """Encoder frames after the subsampling of `encoder` (an EncoderConfig; default
     asrkit's `valid` ×4: two such convolutions)."""
     if encoder is not None and encoder.subsampling != "valid":
-        return halved_frames(frames, encoder.subsampling_factor.bit_length() - 1)
+        halvings = encoder.subsampling_factor.bit_length() - 1
+        return halved_frames(frames, halvings, encoder.causal_subsampling)
     return conv_frames(conv_frames(frames))
 
 
-def halved_frames(frames, halvings: int):
+def halved_frames(frames, halvings: int, causal: bool = False):
     """Frames after `halvings` 3-wide, stride-2 convolutions padded by 1 on each side
-    (NeMo's subsampling): n -> (n - 1) // 2 + 1 each. Ints, NumPy arrays and tensors."""
+    (NeMo's subsampling): n -> (n - 1) // 2 + 1 each; `causal` (padded 2 before and 1
+    after): n -> n // 2 + 1 each, 0 staying 0. Ints, NumPy arrays and tensors."""
     for _ in range(halvings):
-        frames = (frames + 2 - 3) // 2 + 1
+        frames = (frames // 2 + 1) * _sign(frames) if causal else (frames + 2 - 3) // 2 + 1
     return frames
+
+
+def _sign(frames):
+    """1 where frames > 0, else 0, in the type of `frames`."""
+    if isinstance(frames, int | np.integer):
+        return int(frames > 0)
+    if isinstance(frames, np.ndarray):
+        return (frames > 0).astype(frames.dtype)
+    return tf.cast(frames > 0, frames.dtype)
 
 
 # The fewest feature frames that make one encoder frame (encoder_frames(7) == 1): shorter

@@ -700,8 +700,127 @@ def _fastemit_losses() -> dict:
             "fastemit/grad": acts.grad.numpy()}  # fmt: skip
 
 
+STREAMING_CONTEXTS = [[16, 3], [16, 7], [16, 1], [16, 0]]  # NeMo's att_context_size list
+
+
+def streaming(out: Path) -> None:
+    """A tiny cache-aware streaming FastConformer-Transducer of the published kind (causal
+    dw_striding x8, chunked_limited attention with several look-aheads, causal LayerNorm
+    convolutions, unnormalised features), trained a few CPU minutes with NeMo's multi
+    look-ahead training, then per look-ahead on each clip alone: the features, the offline
+    encoder frames and greedy tokens, and NeMo's cache-aware streaming loop
+    (CacheAwareStreamingAudioBuffer + conformer_stream_step): every chunk's encoder frames
+    and the streamed greedy tokens."""
+    import numpy as np
+    import soundfile
+    import torch
+    from nemo.collections.asr.models import EncDecRNNTBPEModel
+    from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
+    from omegaconf import OmegaConf
+
+    tokenizer = _tokenizer(out)
+    lengths, batch = _clip_batch()
+    lines = [line.split(" ", 1)[1].lower() for line in TEXTS.read_text().splitlines()]
+    config = _model_config(tokenizer, "tdt")
+    config["preprocessor"]["normalize"] = "NA"
+    config["encoder"].update(
+        xscaling=True, causal_downsampling=True, att_context_style="chunked_limited",
+        att_context_size=STREAMING_CONTEXTS, conv_context_size="causal",
+        conv_norm_type="layer_norm",
+    )  # fmt: skip
+    config.pop("loss", None)
+    config["joint"].pop("num_extra_outputs", None)
+    config["decoding"] = {"strategy": "greedy_batch", "greedy": {"max_symbols": 5}}
+    torch.manual_seed(5)
+    model = EncDecRNNTBPEModel(cfg=OmegaConf.create(config))
+    _randomise_statistics(model)
+    targets, target_lengths = _padded([model.tokenizer.text_to_ids(t) for t in lines])
+    _overfit(model, torch.from_numpy(batch), torch.from_numpy(lengths),
+             torch.from_numpy(targets), torch.from_numpy(target_lengths), steps=300)  # fmt: skip
+    model.save_to(str(out / "streaming.nemo"))
+    shutil.rmtree(tokenizer)
+    model = EncDecRNNTBPEModel.restore_from(str(out / "streaming.nemo"), map_location="cpu")
+    model.eval()
+    arrays, summary = {}, {"clips": [str(p.relative_to(ROOT)) for p in CLIPS],
+                           "contexts": STREAMING_CONTEXTS}  # fmt: skip
+    for context in STREAMING_CONTEXTS:
+        key = f"{context[0]}_{context[1]}"
+        model.encoder.set_default_att_context_size(context)
+        cfg = model.encoder.streaming_cfg
+        found = summary[key] = {"offline": [], "streaming": [], "chunk_frames": [],
+                                "chunk_size": cfg.chunk_size, "shift_size": cfg.shift_size,
+                                "pre_encode_cache_size": cfg.pre_encode_cache_size,
+                                "drop_extra_pre_encoded": cfg.drop_extra_pre_encoded}  # fmt: skip
+        for index, clip in enumerate(CLIPS):
+            wave = soundfile.read(clip, dtype="float32")[0]
+            with torch.no_grad():
+                feats, feat_lengths = model.preprocessor(
+                    input_signal=torch.from_numpy(wave)[None], length=torch.tensor([len(wave)])
+                )
+                encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
+                hyps = model.decoding.rnnt_decoder_predictions_tensor(
+                    encoder_output=encoded, encoded_lengths=encoded_lengths,
+                    return_hypotheses=True,
+                )  # fmt: skip
+            # [T, mel]: the whole tensor, whose last frame (past the valid length) NeMo's
+            # streaming buffer passes on as a frame of zeros
+            arrays[f"features/{index}"] = feats[0].T.numpy()
+            arrays[f"feature_lengths/{index}"] = feat_lengths.numpy()
+            arrays[f"{key}/offline/{index}"] = encoded[0, :, : int(encoded_lengths[0])].T.numpy()
+            found["offline"].append([int(t) for t in hyps[0].y_sequence])
+            chunks, tokens = _nemo_stream(model, wave, CacheAwareStreamingAudioBuffer)
+            arrays[f"{key}/streaming/{index}"] = np.concatenate(chunks, axis=0)
+            found["chunk_frames"].append([len(c) for c in chunks])
+            found["streaming"].append(tokens)
+    np.savez_compressed(out / "streaming.npz", **arrays)
+    (out / "streaming.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def _nemo_stream(model, wave, buffer_class):
+    """NeMo's cache-aware streaming of one waveform, as its streaming example runs it: each
+    chunk's encoder frames [n, D] (the encoder's cache-aware step) and the greedy tokens of
+    conformer_stream_step's loop."""
+    import torch
+
+    def loop(step):
+        buffer = buffer_class(model=model)
+        buffer.append_audio(wave)
+        caches = model.encoder.get_initial_cache_state(batch_size=1)
+        carried = None
+        for number, (chunk, chunk_lengths) in enumerate(iter(buffer)):
+            drop = 0 if number == 0 else model.encoder.streaming_cfg.drop_extra_pre_encoded
+            with torch.no_grad():
+                caches, carried = step(chunk, chunk_lengths, caches, carried, drop,
+                                       buffer.is_buffer_empty())  # fmt: skip
+        return carried
+
+    def encoder_step(chunk, chunk_lengths, caches, carried, drop, last):
+        encoded, lengths, *caches = model.encoder.cache_aware_stream_step(
+            processed_signal=chunk, processed_signal_length=chunk_lengths,
+            cache_last_channel=caches[0], cache_last_time=caches[1],
+            cache_last_channel_len=caches[2], keep_all_outputs=last,
+            drop_extra_pre_encoded=drop,
+        )  # fmt: skip
+        return caches, (carried or []) + [encoded[0, :, : int(lengths[0])].T.numpy()]
+
+    def model_step(chunk, chunk_lengths, caches, carried, drop, last):
+        _, _, *rest = model.conformer_stream_step(
+            processed_signal=chunk, processed_signal_length=chunk_lengths,
+            cache_last_channel=caches[0], cache_last_time=caches[1],
+            cache_last_channel_len=caches[2], keep_all_outputs=last,
+            previous_hypotheses=carried, drop_extra_pre_encoded=drop,
+            return_transcription=True,
+        )  # fmt: skip
+        return rest[:3], rest[3]
+
+    chunks = loop(encoder_step)
+    hypotheses = loop(model_step)
+    return chunks, [int(t) for t in hypotheses[0].y_sequence]
+
+
 PARTS = {"features": features, "attention": attention, "encoders": encoders, "models": models,
-         "beams": beams, "tdt_losses": tdt_losses, "steps": steps}  # fmt: skip
+         "beams": beams, "tdt_losses": tdt_losses, "steps": steps,
+         "streaming": streaming}  # fmt: skip
 
 
 def main() -> None:

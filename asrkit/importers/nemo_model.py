@@ -271,21 +271,14 @@ def _encoder(enc: _Section, features: FeatureConfig, notes: list[str]) -> Encode
     enc.target("ConformerEncoder")
     enc.require("self_attention_model", "rel_pos", ("rel_pos",))
     enc.require("untie_biases", True, (True,))
-    enc.require("conv_norm_type", "batch_norm", ("batch_norm",))
-    enc.require("causal_downsampling", False, (False,))
+    conv_norm = enc.require("conv_norm_type", "batch_norm", ("batch_norm", "layer_norm"))
+    causal_subsampling = enc.require("causal_downsampling", False, (False, True))
     enc.require("subsampling", "striding", ("striding", "dw_striding"))
     enc.require("feat_out", -1, (-1,))
     enc.require("reduction", None, (None,))
     enc.require("global_tokens", 0, (0,))
-    # With full attention context (checked below) both styles attend alike.
-    enc.require("att_context_style", "regular", ("regular", "chunked_limited"))
-    context = enc.get("att_context_size")
-    if context not in (None, [-1, -1]):
-        enc.refuse("att_context_size", context, "[-1, -1] (full context)")
     kernel = int(enc.get("conv_kernel_size", 31))
-    conv_context = enc.get("conv_context_size")
-    if conv_context not in (None, "default", [(kernel - 1) // 2, (kernel - 1) // 2]):
-        enc.refuse("conv_context_size", conv_context, "a centred kernel (null)")
+    streaming = _streaming(enc, kernel, bool(causal_subsampling), notes)
     if int(enc.get("feat_in", features.num_mel_bins)) != features.num_mel_bins:
         enc.refuse("feat_in", enc.get("feat_in"), f"{features.num_mel_bins} (the features)")
     d_model = int(enc.get("d_model"))
@@ -303,8 +296,12 @@ def _encoder(enc: _Section, features: FeatureConfig, notes: list[str]) -> Encode
             subsampling_filters=channels if channels > 0 else d_model,
             ff_expansion=int(enc.get("ff_expansion_factor", 4)),
             xscaling=bool(enc.get("xscaling", True)), use_bias=bool(enc.get("use_bias", True)),
-            norm_epsilon=TORCH_NORM_EPSILON, conv_norm="frozen_batch",
-            batch_norm_momentum=1.0 - TORCH_BATCH_NORM_MOMENTUM, dropout=dropout,
+            norm_epsilon=TORCH_NORM_EPSILON,
+            conv_norm="layer" if conv_norm == "layer_norm" else "frozen_batch",
+            causal_subsampling=bool(causal_subsampling), **streaming,
+            batch_norm_momentum=EncoderConfig.batch_norm_momentum
+            if conv_norm == "layer_norm" else 1.0 - TORCH_BATCH_NORM_MOMENTUM,
+            dropout=dropout,
             attention_dropout=_rate(enc, "dropout_att", dropout),
             pre_encoder_dropout=_rate(enc, "dropout_pre_encoder", dropout), final_norm="block",
             stochastic_depth=float(enc.get("stochastic_depth_drop_prob", 0.0) or 0.0),
@@ -313,6 +310,44 @@ def _encoder(enc: _Section, features: FeatureConfig, notes: list[str]) -> Encode
         )  # fmt: skip
     except (TypeError, ValueError) as err:
         raise UnsupportedNemoModel(f"{enc.source}: encoder: {err}") from None
+
+
+def _streaming(enc: _Section, kernel: int, causal_subsampling: bool, notes: list[str]) -> dict:
+    """The encoder's context: full (NeMo's [-1, -1]), or a cache-aware streaming model's
+    chunked_limited attention with one or more look-aheads, causal convolutions and
+    causal subsampling -> the EncoderConfig streaming keys."""
+    style = enc.require("att_context_style", "regular", ("regular", "chunked_limited"))
+    context = enc.get("att_context_size")
+    contexts = [] if context is None else list(context)
+    if contexts and not isinstance(contexts[0], list | tuple):
+        contexts = [contexts]
+    conv_context = enc.get("conv_context_size")
+    centred = conv_context in (None, "default", [(kernel - 1) // 2, (kernel - 1) // 2])
+    if not contexts or contexts == [[-1, -1]]:  # full context: both styles attend alike
+        if not centred:
+            enc.refuse("conv_context_size", conv_context, "a centred kernel (null) with full "
+                       "attention context")  # fmt: skip
+        return {}
+    wanted = ("[[left, right], ...] with left a multiple of right + 1 and one left for all, "
+              "chunked_limited, causal convolutions and causal_downsampling (a cache-aware "
+              "streaming model), or [-1, -1] (full context)")  # fmt: skip
+    ok = style == "chunked_limited" and causal_subsampling and all(
+        isinstance(c, list | tuple) and len(c) == 2 and all(isinstance(v, int) for v in c)
+        and c[1] >= 0 and (c[0] == -1 or (c[0] >= 0 and c[0] % (c[1] + 1) == 0))
+        and c[0] == contexts[0][0]
+        for c in contexts
+    )  # fmt: skip
+    if not ok:
+        enc.refuse("att_context_size", context, wanted)
+    if conv_context not in ("causal", [kernel - 1, 0]):
+        enc.refuse("conv_context_size", conv_context, "causal in a cache-aware streaming model")
+    probs = enc.get("att_context_probs")
+    if probs and len(set(probs)) > 1:
+        notes.append(f"encoder.att_context_probs {list(probs)}: asrkit draws the look-aheads "
+                     "uniformly when it trains")  # fmt: skip
+    left, right = contexts[0]
+    return dict(chunk_frames=right + 1, left_chunks=-1 if left < 0 else left // (right + 1),
+                conv_context="causal", lookaheads=tuple(c[1] for c in contexts))  # fmt: skip
 
 
 def _rate(enc: _Section, key: str, dropout: float) -> float | None:

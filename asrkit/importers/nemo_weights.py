@@ -85,9 +85,9 @@ class _Assigner:
 def assign_nemo_encoder(
     encoder: ConformerEncoder, state: dict[str, np.ndarray], prefix: str = ""
 ) -> set[str]:
-    """Fills a built encoder (relative attention, a striding subsampling, BatchNorm,
-    final_norm block) from NeMo's ConformerEncoder tensors under `prefix` (`encoder.` in a
-    whole model's state dict); returns the keys used."""
+    """Fills a built encoder (relative attention, a striding subsampling, BatchNorm or
+    LayerNorm convolutions, final_norm block) from NeMo's ConformerEncoder tensors under
+    `prefix` (`encoder.` in a whole model's state dict); returns the keys used."""
     a = _Assigner(state, prefix)
     sub = encoder.subsampling
     for i, conv in enumerate(sub.convs):
@@ -121,7 +121,10 @@ def assign_nemo_encoder(
         a.put(conv.depthwise.kernel, depthwise, f"{layer}.conv.depthwise_conv.weight")
         if conv.use_bias:
             a.put(conv.depthwise.bias, a.take(f"{layer}.conv.depthwise_conv.bias"), "bias")
-        a.batch_norm(conv.norm, f"{layer}.conv.batch_norm")
+        if conv.norm_type == "layer":  # NeMo's conv_norm_type layer_norm, same name
+            a.norm(conv.norm, f"{layer}.conv.batch_norm")
+        else:
+            a.batch_norm(conv.norm, f"{layer}.conv.batch_norm")
         a.pointwise1d(conv.pointwise_out, f"{layer}.conv.pointwise_conv2")
     mine = {k for k in state if k.startswith(prefix)}
     left = sorted(mine - a.used)

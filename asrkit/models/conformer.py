@@ -40,6 +40,7 @@ import keras
 import tensorflow as tf
 
 from asrkit.config import CONV_CONTEXTS, FINAL_NORMS, EncoderConfig
+from asrkit.features import halved_frames
 from asrkit.models.attention import SelfAttention
 from asrkit.models.convolution import ConvolutionModule
 from asrkit.models.encoder import Encoder
@@ -51,7 +52,12 @@ from asrkit.models.layers import (
     seeded_dropout,
     zero_padding,
 )
-from asrkit.models.subsampling import ConvSubsampling, StridingSubsampling, subsample_piece
+from asrkit.models.subsampling import (
+    ConvSubsampling,
+    StridingSubsampling,
+    causal_window,
+    subsample_piece,
+)
 
 
 def chunk_mask(query_positions, key_positions, chunk_frames: int, left_chunks: int):
@@ -60,7 +66,7 @@ def chunk_mask(query_positions, key_positions, chunk_frames: int, left_chunks: i
     query_chunk = query_positions[:, None] // chunk_frames
     key_chunk = key_positions[None, :] // chunk_frames
     allowed = key_chunk <= query_chunk
-    if left_chunks >= 0:
+    if not isinstance(left_chunks, int) or left_chunks >= 0:  # a tensor: a count >= 0
         allowed = tf.logical_and(allowed, key_chunk >= query_chunk - left_chunks)
     return allowed
 
@@ -200,6 +206,7 @@ ENCODER_OPTIONS = (
     "norm_epsilon", "batch_norm_momentum", "recompute", "chunk_frames", "left_chunks",
     "dynamic_chunks", "conv_context", "attention_dropout", "pre_encoder_dropout",
     "stochastic_depth", "stochastic_depth_mode", "stochastic_depth_start",
+    "causal_subsampling", "lookaheads",
 )  # fmt: skip
 
 
@@ -259,7 +266,12 @@ class ConformerEncoder(Encoder):
             self.subsampling = StridingSubsampling(
                 kind=o["subsampling"], factor=o["subsampling_factor"],
                 filters=subsampling_filters, output_dim=d_model,
+                causal=bool(o["causal_subsampling"]),
             )  # fmt: skip
+        self.lookaheads = tuple(o["lookaheads"])
+        # NeMo's cache-aware streaming: the left context stays this many frames whatever
+        # the look-ahead (-1: all).
+        self.left_frames = self.left_chunks * self.chunk_frames if self.left_chunks >= 0 else -1
         self.seeds = keras.random.SeedGenerator()
         streaming = self.chunk_frames > 0 or self.dynamic_chunks > 0
         self.blocks = [
@@ -295,7 +307,9 @@ class ConformerEncoder(Encoder):
 
     def call(self, features, feature_lengths, training=False, chunk_frames=None):
         """`chunk_frames`: a scalar tensor that replaces the configured chunk size for this
-        call (0: full context) — dynamic chunk training draws one per update."""
+        call (0: full context) — dynamic chunk training draws one per update, and so does
+        training with several look-aheads (`lookahead_chunk_frames`)."""
+        self.feature_dim = int(features.shape[-1])  # a stream's feature buffer's width
         x, lengths = self.subsampling(features, feature_lengths)
         x = self._scaled(x)
         allowed = chunk = None
@@ -303,10 +317,10 @@ class ConformerEncoder(Encoder):
         if chunk_frames is not None:
             chunk = tf.cast(chunk_frames, tf.int32)
             chunk = tf.where(chunk > 0, chunk, tf.maximum(tf.shape(x)[1], 1))  # 0: one chunk
-            allowed = chunk_mask(positions, positions, chunk, self.left_chunks)
+            allowed = chunk_mask(positions, positions, chunk, self._left_chunks(chunk))
         elif self.chunk_frames:
             chunk = self.chunk_frames
-            allowed = chunk_mask(positions, positions, chunk, self.left_chunks)
+            allowed = chunk_mask(positions, positions, chunk, self._left_chunks(chunk))
         # Drawn here, outside any recomputed block, so a recomputation replays the masks.
         seed = block_seeds(self.seeds, training and self.draws_masks)
         x = seeded_dropout(x, self.pre_dropout, seed, 0, training)
@@ -330,48 +344,110 @@ class ConformerEncoder(Encoder):
             x = maybe_recomputed(run, self.recompute and training)(x)
         return zero_padding(_normed(self.norm, x), lengths), lengths
 
+    def _left_chunks(self, chunk):
+        """The chunks to the left a frame attends to with chunks of `chunk` frames: the
+        configured count, or for a model of several look-aheads as many as fill its left
+        context in frames (NeMo's left context stays put when the look-ahead changes)."""
+        if not self.lookaheads or self.left_frames < 0:
+            return self.left_chunks
+        return self.left_frames // chunk
+
     @property
     def streams(self) -> bool:
         return self.chunk_frames > 0
 
+    @property
+    def keeps_features(self) -> bool:
+        """Does the stream state hold the features its subsampling still needs (a causal
+        striding subsampling), so that a caller passes each feature frame once?"""
+        return bool(getattr(self.subsampling, "causal", False))
+
     def initial_stream_state(self, batch_size):
         """(subsampled frames waiting for their chunk to fill, frames encoded so far, each
-        block's (keys, values, convolution tail))."""
+        block's (keys, values, convolution tail)[, a causal subsampling's (features it still
+        needs, encoder frames made, feature frames seen)])."""
         head_dim = self.d_model // self.num_heads
         empty = tf.zeros([batch_size, 0, self.num_heads, head_dim], self.compute_dtype)
         tail_frames = self.blocks[0].conv.tail_frames
         tail = tf.zeros([batch_size, tail_frames, self.d_model], self.compute_dtype)
         pending = tf.zeros([batch_size, 0, self.d_model], self.compute_dtype)
         blocks = [(empty, empty, tail) for _ in self.blocks]
-        return (pending, tf.constant(0, tf.int32), blocks)
+        if not self.keeps_features:
+            return (pending, tf.constant(0, tf.int32), blocks)
+        features = tf.zeros([batch_size, 0, self.feature_dim], tf.float32)
+        return (pending, tf.constant(0, tf.int32), blocks,
+                (features, tf.constant(0, tf.int32), tf.constant(0, tf.int32)))  # fmt: skip
 
     def stream(self, features, state):
         """The next feature frames of streams encoded up to here (as `LSTMEncoder.stream`)
         -> (the encoder frames of every chunk now complete, the new state). A chunk's frames
         attend to each other, so none leaves before its chunk is whole: `finish_stream`
         encodes the last, partial one."""
-        pending, offset, blocks = state
-        x = tf.concat([pending, self._scaled(subsample_piece(self.subsampling, features))], 1)
+        pending, offset, blocks, *kept = state
+        if kept:
+            subsampled, sub = self._causal_subsampled(features, kept[0], last=False)
+            kept = [sub]
+        else:
+            subsampled = subsample_piece(self.subsampling, features)
+        x = tf.concat([pending, self._scaled(subsampled)], 1)
         ready = tf.shape(x)[1] // self.chunk_frames * self.chunk_frames
         out, state = self._stream_blocks(x[:, :ready], offset, blocks)
-        return out, (x[:, ready:], *state)
+        return out, (x[:, ready:], *state, *kept)
 
     def finish_stream(self, state):
         """The end of the streams: the frames of the last, partial chunk."""
-        pending, offset, blocks = state
+        pending, offset, blocks, *kept = state
+        if kept:
+            width = tf.shape(kept[0][0])
+            nothing = tf.zeros([width[0], 0, width[2]], kept[0][0].dtype)
+            subsampled, sub = self._causal_subsampled(nothing, kept[0], last=True)
+            kept = [sub]
+            pending = tf.concat([pending, self._scaled(subsampled)], 1)
         out, state = self._stream_blocks(pending, offset, blocks)
-        return out, (pending[:, :0], *state)
+        return out, (pending[:, :0], *state, *kept)
+
+    def _causal_subsampled(self, features, kept, last: bool):
+        """The encoder frames the next features complete through a causal striding
+        subsampling, as NeMo's cache-aware streaming buffer makes them: the first chunk's
+        frames from the utterance's start (as the whole utterance's subsampling), the
+        later ones from the features of 2 frames before them on, a shortfall before the
+        start filled with frames of zeros; at the end (`last`) the frames padding
+        completes, unless the features after the last whole chunk are fewer than the
+        factor (NeMo's buffer drops those). -> (frames, the new kept state)."""
+        raw, made, seen = kept
+        factor = self.subsampling.factor
+        raw = tf.concat([raw, tf.cast(features, raw.dtype)], axis=1)
+        raw_start = tf.maximum(factor * (made - 2), 0)
+        seen = seen + tf.shape(features)[1]
+        complete = tf.where(seen > 0, (seen - 1) // factor + 1, 0)
+        target = complete
+        if last:
+            first_chunk = 1 + factor * (self.chunk_frames - 1)  # NeMo's first chunk
+            left = (seen - first_chunk) % (factor * self.chunk_frames)
+            dropped = tf.logical_and(seen > first_chunk,
+                                     tf.logical_and(left >= 1, left < factor))  # fmt: skip
+            padded_count = halved_frames(seen, self.subsampling.halvings, True)
+            target = tf.where(dropped, complete, padded_count)
+        stop = seen
+        head_end = tf.minimum(target, self.chunk_frames)
+        head = causal_window(self.subsampling, raw, raw_start, made, head_end, stop, True)
+        rest_first = tf.maximum(made, self.chunk_frames)
+        rest = causal_window(self.subsampling, raw, raw_start, rest_first, target, stop, False)
+        frames = tf.concat([head, rest], axis=1)
+        keep_from = tf.maximum(factor * (target - 2), 0)
+        return frames, (raw[:, keep_from - raw_start :], target, seen)
 
     def _stream_blocks(self, x, offset, blocks):
         history = tf.shape(blocks[0][0])[1]
         positions = offset + tf.range(tf.shape(x)[1])
         keys_at = offset - history + tf.range(history + tf.shape(x)[1])
-        allowed = chunk_mask(positions, keys_at, self.chunk_frames, self.left_chunks)
+        left_chunks = self._left_chunks(self.chunk_frames)
+        allowed = chunk_mask(positions, keys_at, self.chunk_frames, left_chunks)
         kept = []
         for block, state in zip(self.blocks, blocks, strict=True):
             x, (keys, values, tail) = block.stream(x, state, offset, allowed, self.chunk_frames)
-            if self.left_chunks >= 0:  # only the chunks the next chunk may attend to
-                start = tf.maximum(tf.shape(keys)[1] - self.left_chunks * self.chunk_frames, 0)
+            if left_chunks >= 0:  # only the chunks the next chunk may attend to
+                start = tf.maximum(tf.shape(keys)[1] - left_chunks * self.chunk_frames, 0)
                 keys, values = keys[:, start:], values[:, start:]
             kept.append((keys, values, tail))
         return _normed(self.norm, x), (offset + tf.shape(x)[1], kept)

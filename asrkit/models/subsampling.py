@@ -10,7 +10,11 @@
   (`dw_striding`: after the first, a depthwise 3×3 stride-2 and a pointwise convolution),
   each + ReLU, the time axis masked to each layer's valid length before every layer,
   channels × frequency flattened channel-major into a linear layer. Valid frames:
-  (n + 2 - 3) // 2 + 1 per halving.
+  (n + 2 - 3) // 2 + 1 per halving. `causal` (NeMo's causal_downsampling): each
+  convolution padded by 2 before and 1 after instead, in time and frequency, so output
+  frame k sees input frames up to factor × k only (n // 2 + 1 frames per halving);
+  `causal_window` subsamples a stream's next frames from a few frames before them, as
+  NeMo's cache-aware streaming does.
 """
 
 from __future__ import annotations
@@ -100,11 +104,15 @@ class StridingSubsampling(CompositeLayer):
     """features [B, T, F], lengths -> [B, T', output_dim], lengths' (NeMo's `striding` or
     `dw_striding` by `factor`, a power of 2)."""
 
-    def __init__(self, *, kind: str, factor: int, filters: int, output_dim: int, **kwargs):
+    def __init__(
+        self, *, kind: str, factor: int, filters: int, output_dim: int, causal: bool = False,
+        **kwargs,
+    ):  # fmt: skip
         super().__init__(**kwargs)
         if kind not in STRIDINGS:
             raise ValueError(f"subsampling must be one of {STRIDINGS}, got {kind!r}")
         self.kind, self.factor, self.filters, self.output_dim = kind, factor, filters, output_dim
+        self.causal = causal
         self.halvings = _halvings(factor)
         conv = lambda: keras.layers.Conv2D(filters, 3, strides=2, padding="valid")  # noqa: E731
         if kind == "striding":
@@ -118,20 +126,52 @@ class StridingSubsampling(CompositeLayer):
             self.pointwise = [keras.layers.Conv2D(filters, 1) for _ in range(self.halvings - 1)]
         self.out = keras.layers.Dense(output_dim, name="out")
 
-    def call(self, features, lengths):
+    def call(self, features, lengths, valid_from=0):
+        """`valid_from`: the leading input frames that stand for padding before the
+        utterance (zeroed at every layer's input, as the convolutions' own padding would
+        be); a multiple of the factor."""
         x = features[..., None]  # [B, T, F, 1]: time and frequency as the image axes
+        pad = [[0, 0], [2, 1], [2, 1], [0, 0]] if self.causal else [[0, 0], [1, 1], [1, 1], [0, 0]]
         for i, conv in enumerate(self.convs):
-            x = tf.pad(zero_padding(x, lengths), [[0, 0], [1, 1], [1, 1], [0, 0]])
-            x = _conv(conv, x)
-            lengths = halved_frames(lengths, 1)
+            x = _from(zero_padding(x, lengths), valid_from // 2**i)
+            x = _conv(conv, tf.pad(x, pad))
+            lengths = halved_frames(lengths, 1, self.causal)
             if self.kind == "dw_striding" and i > 0:
                 x = _conv(self.pointwise[i - 1], zero_padding(x, lengths))
             x = tf.nn.relu(x)
-        x = zero_padding(x, lengths)
+        x = _from(zero_padding(x, lengths), valid_from // self.factor)
         shape = tf.shape(x)  # [B, T', F', C] -> channel-major [B, T', C * F']
         x = tf.reshape(tf.transpose(x, [0, 1, 3, 2]), [shape[0], shape[1], -1])
         return self.out(x), lengths
 
     def get_config(self):
         return {**super().get_config(), "kind": self.kind, "factor": self.factor,
-                "filters": self.filters, "output_dim": self.output_dim}  # fmt: skip
+                "filters": self.filters, "output_dim": self.output_dim,
+                "causal": self.causal}  # fmt: skip
+
+
+def _from(x, first):
+    """x [B, T, ...] with its frames before `first` zeroed."""
+    if isinstance(first, int) and first == 0:
+        return x
+    keep = tf.range(tf.shape(x)[1]) >= first
+    return tf.where(tf.reshape(keep, [1, -1] + [1] * (x.shape.rank - 2)), x, tf.zeros_like(x))
+
+
+def causal_window(subsampling: StridingSubsampling, raw, raw_start, first, end, stop, padded):
+    """Encoder frames [first, end) of one stream through a causal striding subsampling,
+    as NeMo's cache-aware streaming makes them: from the features of 2 frames before
+    `first` on (`raw` [B, n, mel] holds the features from index `raw_start` on), up to
+    feature `stop` (exclusive); the first 2 frames made are dropped. Features before the
+    utterance's start count as padding (`padded`: what the whole utterance's subsampling
+    gives) or as frames of zeros (NeMo's pre-encode cache for chunks after the first).
+    -> [B, end - first, D]."""
+    factor = subsampling.factor
+    start = factor * (first - 2)  # the window's first feature, a multiple of the factor
+    before = tf.maximum(-start, 0)  # features before the utterance: zero rows in front
+    window = raw[:, tf.maximum(start, 0) - raw_start : stop - raw_start]
+    window = tf.pad(window, [[0, 0], [before, 0], [0, 0]])
+    rows = tf.shape(window)[1]
+    x, _ = subsampling(window, tf.fill([tf.shape(raw)[0]], rows),
+                       valid_from=before if padded else 0)  # fmt: skip
+    return x[:, 2 : 2 + tf.maximum(end - first, 0)]
