@@ -101,6 +101,49 @@ def symmetric_hann(length: int) -> np.ndarray:
     return (0.5 - 0.5 * np.cos(2 * np.pi * n / (length - 1))).astype(np.float32)
 
 
+def framed_log_mel(padded, settings: NemoMelSettings, filterbank=None, window=None):
+    """[..., N] pre-emphasised samples, already padded -> the log-mel of every whole frame
+    of `n_fft` samples every `hop` [..., (N - n_fft) // hop + 1, F] float32 (unnormalised)."""
+    s = settings
+    frames = tf.signal.frame(padded, s.n_fft, s.hop_length)  # [..., T, n_fft]
+    window = symmetric_hann(s.win_length) if window is None else np.asarray(window, np.float32)
+    left = (s.n_fft - s.win_length) // 2
+    padded_window = np.zeros(s.n_fft, np.float32)
+    padded_window[left : left + s.win_length] = window
+    # In float64 up to the log: near-silent bins' log amplifies float32 rounding (1e-4).
+    spectrum = tf.signal.rfft(tf.cast(frames, tf.float64) * padded_window.astype(np.float64))
+    power = tf.square(tf.math.real(spectrum)) + tf.square(tf.math.imag(spectrum))
+    if filterbank is None:
+        filterbank = slaney_mel_filterbank(s)
+    mel = tf.einsum("...tk,fk->...tf", power, tf.constant(np.asarray(filterbank, np.float64)))
+    return tf.cast(tf.math.log(mel + s.log_guard), tf.float32)
+
+
+def stream_log_mel(samples, settings: NemoMelSettings, end: bool):
+    """One stream's NeMo features piece by piece (normalize none only). `samples` [N]: the
+    raw waveform from one sample before the next frame's first (`hop` x frame - n_fft / 2;
+    zeros stand for the samples before the stream's start) -> (the log-mel of the frames
+    now whole [m, F], how many samples of `samples` to drop for the next piece). `end`: the
+    stream's end: its last frames, padded with zeros as NeMo's centred STFT pads them."""
+    s = settings
+    x = tf.cast(samples, tf.float32)
+    preemph = s.preemph or 0.0
+    y = x[1:] - preemph * x[:-1]  # the sample before the stream's start counts as 0
+    half = s.n_fft // 2
+    # frames before the valid count samples // hop (y holds the samples from the next
+    # frame's start: its centre is `half` samples in)
+    valid = tf.maximum((tf.shape(y)[0] - half) // s.hop_length, 0)
+    if not end:
+        whole = tf.maximum((tf.shape(y)[0] - s.n_fft) // s.hop_length + 1, 0)
+        count, drop = tf.minimum(whole, valid), None
+    else:
+        count, drop = valid, tf.shape(x)[0] - 1  # keeps the one sample before: none left
+    # zeros after the last sample (NeMo's centred STFT), and at least one frame's worth
+    y = tf.pad(y, [[0, s.n_fft]])[: tf.maximum(count - 1, 0) * s.hop_length + s.n_fft]
+    frames = framed_log_mel(y, s)[:count]
+    return frames, count * s.hop_length if drop is None else drop
+
+
 def nemo_log_mel(
     waveforms, lengths, settings: NemoMelSettings, filterbank=None, window=None
 ) -> tuple[tf.Tensor, tf.Tensor]:
@@ -117,18 +160,7 @@ def nemo_log_mel(
         x = tf.where(valid_samples, x, 0.0)
     pad = s.n_fft // 2
     x = tf.pad(x, [[0, 0], [pad, pad]])
-    frames = tf.signal.frame(x, s.n_fft, s.hop_length)  # [B, 1 + S // hop, n_fft]
-    window = symmetric_hann(s.win_length) if window is None else np.asarray(window, np.float32)
-    left = (s.n_fft - s.win_length) // 2
-    padded_window = np.zeros(s.n_fft, np.float32)
-    padded_window[left : left + s.win_length] = window
-    # In float64 up to the log: near-silent bins' log amplifies float32 rounding (1e-4).
-    spectrum = tf.signal.rfft(tf.cast(frames, tf.float64) * padded_window.astype(np.float64))
-    power = tf.square(tf.math.real(spectrum)) + tf.square(tf.math.imag(spectrum))
-    if filterbank is None:
-        filterbank = slaney_mel_filterbank(s)
-    mel = tf.einsum("btk,fk->btf", power, tf.constant(np.asarray(filterbank, np.float64)))
-    features = tf.cast(tf.math.log(mel + s.log_guard), tf.float32)
+    features = framed_log_mel(x, s, filterbank, window)  # [B, 1 + S // hop, F]
     valid = s.frames(lengths)
     mask = tf.sequence_mask(valid, tf.shape(features)[1])[:, :, None]  # [B, T, 1]
     if s.normalize == "per_feature":

@@ -33,7 +33,8 @@ from asrkit.decoding.greedy import greedy_continue, greedy_start
 from asrkit.decoding.tdt_greedy import tdt_greedy_continue, tdt_greedy_start
 from asrkit.decoding.words import SUBSAMPLING
 from asrkit.errors import UserError
-from asrkit.features import encoder_frames, log_mel, num_frames
+from asrkit.features import encoder_frames, log_mel, nemo_settings, num_frames
+from asrkit.nemo_mel import stream_log_mel
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
 
@@ -77,7 +78,14 @@ class StreamingDecoder:
                 "search moves hypotheses through frames at their own pace): stream with "
                 "beam 1, or decode the whole waveform with beam search"
             )
+        if features.kind == "nemo" and features.normalize != "none":
+            raise UserError(
+                "streaming needs features without per-utterance normalisation (NeMo's "
+                f"normalize: NA); this model's are normalised {features.normalize!r} over "
+                "each whole utterance"
+            )
         self.network, self.features, self.normalize = network, features, normalize
+        self.nemo = nemo_settings(features) if features.kind == "nemo" else None
         self.max_symbols_per_step, self.beam = max_symbols_per_step, int(beam)
         # word boosting (`asrkit.decoding.boosting`): the carry then also holds the state
         self.boost = None if boost is None else as_tensors(boost)
@@ -87,8 +95,11 @@ class StreamingDecoder:
         self._compiled_finish = tf.function(self._finish, reduce_retracing=True, autograph=False)
 
     def initial_state(self) -> StreamState:
+        # NeMo's features: from one sample before the first frame (centred: n_fft / 2
+        # samples before the stream's start, zeros)
+        before = 0 if self.nemo is None else self.nemo.n_fft // 2 + 1
         return StreamState(
-            samples=tf.zeros([0], tf.float32),
+            samples=tf.zeros([before], tf.float32),
             features=tf.zeros([0, self.features.num_mel_bins], tf.float32),
             encoder=self.network.encoder.initial_stream_state(1),
             carry=self._start(),
@@ -116,18 +127,25 @@ class StreamingDecoder:
     def _step(self, samples, state: StreamState) -> StreamStep:
         config = self.features
         samples = tf.concat([state.samples, tf.cast(samples, tf.float32)], axis=0)
-        made = num_frames(tf.shape(samples)[0], config)
-        mel = log_mel(samples, config)[:made]
+        if self.nemo is not None:
+            mel, used_samples = stream_log_mel(samples, self.nemo, end=False)
+        else:
+            made = num_frames(tf.shape(samples)[0], config)
+            mel, used_samples = log_mel(samples, config)[:made], made * config.frame_step
         if self.normalize is not None:
             mel = self.normalize(mel)
+        if self.network.encoder.keeps_features:  # each frame passed once
+            encoded, encoder_state = self.network.encoder.stream(mel[None], state.encoder)
+            return self._search(encoded, state._replace(
+                samples=samples[used_samples:], encoder=encoder_state,
+            ))  # fmt: skip
         features = tf.concat([state.features, mel], axis=0)
         encoded, encoder_state = self.network.encoder.stream(
             tf.expand_dims(features, 0), state.encoder
         )
         used = SUBSAMPLING * encoder_frames(tf.shape(features)[0])  # the rest waits
         return self._search(encoded, state._replace(
-            samples=samples[made * config.frame_step :], features=features[used:],
-            encoder=encoder_state,
+            samples=samples[used_samples:], features=features[used:], encoder=encoder_state,
         ))  # fmt: skip
 
     def finish(self, state: StreamState) -> StreamStep:
@@ -135,7 +153,22 @@ class StreamingDecoder:
         return self._compiled_finish(state)
 
     def _finish(self, state: StreamState) -> StreamStep:
-        encoded, encoder_state = self.network.encoder.finish_stream(state.encoder)
+        encoder = self.network.encoder
+        before = None
+        if self.nemo is not None:  # NeMo's last frames: those its centred STFT pads
+            mel, _ = stream_log_mel(state.samples, self.nemo, end=True)
+            if encoder.keeps_features:
+                # and the frame of zeros past the valid length that NeMo's features tensor
+                # holds and its cache-aware streaming buffer passes on
+                mel = tf.concat([mel, tf.zeros([1, self.nemo.num_mel_bins])], axis=0)
+            else:
+                mel = tf.concat([state.features, mel], axis=0)
+            before, encoder_state = encoder.stream(mel[None], state.encoder)
+            state = state._replace(samples=state.samples[:0], encoder=encoder_state,
+                                   features=state.features[:0])  # fmt: skip
+        encoded, encoder_state = encoder.finish_stream(state.encoder)
+        if before is not None:
+            encoded = tf.concat([before, encoded], axis=1)
         return self._search(encoded, state._replace(encoder=encoder_state), last=True)
 
     def _search(self, encoded, state: StreamState, last: bool = False) -> StreamStep:

@@ -23,6 +23,12 @@ class Encoder(CompositeLayer):
         """Can an utterance be encoded piece by piece, each piece's frames final?"""
         return False
 
+    @property
+    def keeps_features(self) -> bool:
+        """Does the stream state hold the features the encoder still needs (then a caller
+        passes each feature frame once), or does the caller keep them?"""
+        return False
+
     def initial_stream_state(self, batch_size):
         raise NotImplementedError(f"{type(self).__name__} does not stream")
 
