@@ -265,6 +265,14 @@ def write_timing(exp_dir: str | os.PathLike, record: dict) -> Path:
 
 def _check_chunk_override(config: ExperimentConfig, chunk_frames: int) -> None:
     encoder = config.model.encoder
+    if encoder.lookaheads:
+        if chunk_frames - 1 not in encoder.lookaheads:
+            raise InputError(
+                f"--lookahead-frames {chunk_frames - 1} (--chunk-frames {chunk_frames}): this "
+                f"model was trained with the look-aheads {list(encoder.lookaheads)} (encoder "
+                "frames; NeMo's att_context_size): pick one of them"
+            )
+        return
     if not encoder.dynamic_chunks:
         if encoder.kind != "conformer":
             trained = f"an {encoder.kind.upper()} encoder (it has no chunks)"

@@ -108,12 +108,26 @@ def _absolute_asset(override: str) -> str:
     return override
 
 
+class _Lookahead(argparse.Action):
+    """--lookahead-frames R: chunks of R + 1 frames (the chunk's first frame waits R)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        namespace.chunk_frames = value + 1
+
+
 def add_chunk_argument(parser) -> None:
-    parser.add_argument(
+    chunks = parser.add_mutually_exclusive_group()
+    chunks.add_argument(
         "--chunk-frames", type=int, metavar="N",
         help="a Conformer trained with dynamic chunks (model.encoder.dynamic_chunks): run "
-             "with chunks of N encoder frames (40 ms each; 0: full context) instead of "
+             "with chunks of N encoder frames (0: full context) instead of "
              "model.encoder.chunk_frames",
+    )  # fmt: skip
+    chunks.add_argument(
+        "--lookahead-frames", type=int, metavar="R", action=_Lookahead, dest="lookahead",
+        help="a model trained with several look-aheads (model.encoder.lookaheads: NeMo's "
+             "cache-aware streaming models, att_context_size [[left, R], ...]): run with "
+             "the look-ahead of R encoder frames (chunks of R + 1) instead of the first",
     )  # fmt: skip
 
 

@@ -183,7 +183,7 @@ def _set(path: str, value):
     [
         ("encoder.self_attention_model", "abs_pos"),
         ("encoder.att_context_size", [64, 0]),
-        ("encoder.conv_norm_type", "layer_norm"),
+        ("encoder.conv_norm_type", "groupnorm2"),
         ("encoder.subsampling", "vggnet"),
         ("encoder._target_", "nemo.collections.asr.modules.SqueezeformerEncoder"),
         ("joint.jointnet.activation", "sigmoid"),
