@@ -84,6 +84,20 @@ def dynamic_chunk_frames(updates, max_frames: int):
     return tf.where(draw < max_frames, draw + 1, 0)
 
 
+LOOKAHEAD_SEED = 0x100C  # with the update count: the stateless draw of each update
+
+
+def lookahead_chunk_frames(updates, lookaheads: tuple[int, ...]):
+    """The chunk (look-ahead + 1 frames) one update of a model of several look-aheads
+    trains with (NeMo's multi look-ahead training, its att_context_probs uniform): one of
+    `lookaheads`, uniformly, as a function of the optimizer's update count only — every
+    micro-batch of a window and every replica train with the same, so accumulation stays
+    exact, and a resumed run draws what it would have."""
+    seed = tf.stack([tf.constant(LOOKAHEAD_SEED, tf.int64), tf.cast(updates, tf.int64)])
+    index = tf.random.stateless_uniform([], seed, maxval=len(lookaheads), dtype=tf.int32)
+    return tf.gather(tf.constant(lookaheads, tf.int32), index) + 1
+
+
 @keras.saving.register_keras_serializable(package="asrkit")
 class FeedForward(CompositeLayer):
     """Pre-norm, linear to expansion x d_model, swish, linear back."""

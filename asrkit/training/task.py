@@ -34,7 +34,7 @@ from asrkit.losses import (
     simple_loss,
     tdt_loss,
 )
-from asrkit.models.conformer import dynamic_chunk_frames
+from asrkit.models.conformer import dynamic_chunk_frames, lookahead_chunk_frames
 from asrkit.models.joint import SimpleJoiner
 from asrkit.models.layers import CompositeLayer
 from asrkit.models.transducer import Transducer, dummy_batch
@@ -89,8 +89,11 @@ class TransducerTask(AccumulatingModel):
         network, loss = self.network, self.loss_config
         self.build_heads(features.shape[-1])  # the fused path skips the joint's call
         chunk = None
-        if training and network.config.encoder.dynamic_chunks:
-            chunk = dynamic_chunk_frames(self.updates(), network.config.encoder.dynamic_chunks)
+        encoder = network.config.encoder
+        if training and encoder.dynamic_chunks:
+            chunk = dynamic_chunk_frames(self.updates(), encoder.dynamic_chunks)
+        elif training and len(encoder.lookaheads) > 1:
+            chunk = lookahead_chunk_frames(self.updates(), encoder.lookaheads)
         encoded, encoder_lengths = network.encode(
             features, feature_lengths, training=training, chunk_frames=chunk
         )

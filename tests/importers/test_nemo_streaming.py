@@ -5,6 +5,7 @@ tokens, and NeMo's cache-aware streaming loop's frames, chunk by chunk, and toke
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def _nemo_chunks(context, frames):
     bounds = [0, min(first, frames)]
     while bounds[-1] < frames:
         bounds.append(min(bounds[-1] + shift, frames))
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
+    return list(itertools.pairwise(bounds))
 
 
 @pytest.mark.parametrize("context", CONTEXTS, ids=_key)

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from asrkit.config import EncoderConfig, LossConfig
 from asrkit.losses import ctc_losses
-from asrkit.models.conformer import dynamic_chunk_frames
+from asrkit.models.conformer import dynamic_chunk_frames, lookahead_chunk_frames
 from asrkit.models.transducer import Transducer
 from asrkit.training.task import TransducerTask
 from tests.tiny import tiny_model_config
@@ -115,6 +115,50 @@ def test_dynamic_chunks_train_each_update_with_that_updates_chunk():
     assert float(task.compute_loss_terms(batch, training=False)[0]) == pytest.approx(
         fixed_loss(4), rel=1e-5
     )
+
+
+def test_several_look_aheads_train_each_update_with_the_one_it_draws():
+    """With model.encoder.lookaheads (NeMo's multi look-ahead training) the training loss at
+    update u is the loss of the same weights configured with the look-ahead
+    `lookahead_chunk_frames(u)` draws, the left context kept in frames (NeMo's); every
+    look-ahead is drawn; evaluation uses the first."""
+    rng = np.random.default_rng(5)
+    batch = (rng.standard_normal((2, 160, 80)).astype(np.float32), np.array([160, 97]),
+             np.array([[1, 2, 3], [4, 5, 0]], np.int32), np.array([3, 2]))  # fmt: skip
+    lookaheads = (3, 7, 1, 0)
+    encoder = EncoderConfig(kind="conformer", d_model=16, num_blocks=2, num_heads=2,
+                            kernel_size=5, subsampling_filters=8, dropout=0.0,
+                            subsampling="dw_striding", subsampling_factor=8,
+                            causal_subsampling=True, conv_context="causal", chunk_frames=4,
+                            left_chunks=2, lookaheads=lookaheads)  # fmt: skip
+    config = dataclasses.replace(tiny_model_config(), encoder=encoder)
+    keras.utils.set_random_seed(1)
+    task = TransducerTask(Transducer(9, config))
+    task.compile(keras.optimizers.SGD(0.1))
+    task.network.build_from_features(80)
+
+    def fixed_loss(lookahead, training=True):
+        chunk = lookahead + 1
+        left = dataclasses.replace(encoder, chunk_frames=chunk, left_chunks=8 // chunk,
+                                   lookaheads=())  # fmt: skip
+        other = TransducerTask(Transducer(9, dataclasses.replace(config, encoder=left)))
+        other.network.build_from_features(80)
+        other.network.set_weights(task.network.get_weights())
+        return float(other.compute_loss_terms(batch, training=training)[0])
+
+    drawn = {}
+    for updates in range(16):
+        drawn.setdefault(int(lookahead_chunk_frames(updates, lookaheads)) - 1, updates)
+    assert sorted(drawn) == sorted(lookaheads), drawn
+    losses = set()
+    for lookahead, updates in drawn.items():
+        task.optimizer.iterations.assign(updates)
+        got = float(task.compute_loss_terms(batch, training=True)[0])
+        assert got == pytest.approx(fixed_loss(lookahead), rel=1e-5), lookahead
+        losses.add(round(got, 4))
+    assert len(losses) == len(lookaheads)  # the look-ahead changes the loss
+    evaluated = float(task.compute_loss_terms(batch, training=False)[0])
+    assert evaluated == pytest.approx(fixed_loss(3, training=False), rel=1e-5)
 
 
 def test_the_pruned_loss_is_the_same_fused_or_plain():

@@ -698,16 +698,27 @@ def test_verify_accumulation_passes_with_an_auxiliary_ctc_loss(workdir, interpol
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "chunks", ["model.encoder.left_chunks=1", "model.encoder.dynamic_chunks=5"]
+    "chunks",
+    [
+        "model.encoder.left_chunks=1",
+        "model.encoder.dynamic_chunks=5",
+        "model.encoder.subsampling=dw_striding model.encoder.subsampling_factor=8 "
+        "model.encoder.causal_subsampling=true model.encoder.conv_context=causal "
+        "model.encoder.left_chunks=2 model.encoder.lookaheads=[3,1,0]",
+    ],
 )
 def test_verify_accumulation_passes_with_a_chunked_conformer(workdir, chunks):
-    """Fixed chunks (1 back), and dynamic chunks (drawn per update, so the micro-batches
-    of a window and their union use the same; with at most 5 frames the one update that
-    verify makes draws 4-frame chunks, not full context)."""
-    from asrkit.models.conformer import dynamic_chunk_frames
+    """Fixed chunks (1 back), dynamic chunks (drawn per update, so the micro-batches of a
+    window and their union use the same; with at most 5 frames the one update that verify
+    makes draws 4-frame chunks, not full context), and several look-aheads as NeMo's
+    cache-aware models train (drawn per update too; the one update draws look-ahead 0,
+    not the default 3)."""
+    from asrkit.models.conformer import dynamic_chunk_frames, lookahead_chunk_frames
 
     assert int(dynamic_chunk_frames(0, 5)) == 4
-    report = _verify(workdir, "model.encoder.chunk_frames=4", chunks, config="conformer.yaml")
+    assert int(lookahead_chunk_frames(0, (3, 1, 0))) != 4
+    report = _verify(workdir, "model.encoder.chunk_frames=4", *chunks.split(),
+                     config="conformer.yaml")  # fmt: skip
     assert report.passed and report.max_relative_difference < 1e-5
 
 
