@@ -346,26 +346,34 @@ def export_streaming(
 
     experiment = load_experiment(exp_dir, checkpoint, average, chunk_frames)
     model, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
-    decoder = StreamingDecoder(
-        model, config.features, experiment.normalizer, config.decode.max_symbols_per_step,
-        boost=fusion,
+    decoder, lite_decoder = (
+        StreamingDecoder(
+            model, config.features, experiment.normalizer, config.decode.max_symbols_per_step,
+            boost=fusion, feature_dtype=dtype,
+        )  # NeMo's features in float64 up to the log; LiteRT has float32 FFTs only
+        for dtype in (tf.float64, tf.float32)
     )  # fmt: skip
     pieces = tf.constant(tokenizer.surface_pieces())
     clock = FrameClock.of(config.features, experiment.emission_delay, config.model.encoder)
     template = decoder.initial_state()
     flat = tf.nest.flatten(template)
     names = [f"state_{i:02d}" for i in range(len(flat))]
-    # An axis that starts empty grows (or shrinks) as audio comes; the others keep their size.
+    # An axis that starts empty grows (or shrinks) as audio comes; the others keep their size,
+    # but for the samples held (for NeMo's features they start as the zeros before the
+    # stream's first frame).
+    open_axes = [[d == 0 for d in t.shape] for t in flat]
+    open_axes[0] = [True]  # StreamState.samples
     specs = [
-        tf.TensorSpec([None if d == 0 else d for d in t.shape], t.dtype, name=name)
-        for t, name in zip(flat, names, strict=True)
-    ]
+        tf.TensorSpec([None if o else d for d, o in zip(t.shape, axes, strict=True)], t.dtype,
+                      name=name)
+        for t, axes, name in zip(flat, open_axes, names, strict=True)
+    ]  # fmt: skip
     spec_of = dict(zip(names, specs, strict=True))
 
     def initial_state():
         return dict(zip(names, tf.nest.flatten(decoder.initial_state()), strict=True))
 
-    def run(samples, state):
+    def run(samples, state, decoder=decoder):
         state = tf.nest.pack_sequence_as(template, list(state))
         step = decoder.step(samples, state) if samples is not None else decoder.finish(state)
         outputs = {
@@ -379,7 +387,7 @@ def export_streaming(
         """LiteRT's interpreter cannot return an empty tensor, so in its signatures every
         axis that can be empty carries one padding entry in front."""
         state = [_drop_front(t, spec) for t, spec in zip(state, specs, strict=True)]
-        outputs = run(samples, state)[1]
+        outputs = run(samples, state, lite_decoder)[1]
         return {key: _pad_front(value, spec_of.get(key)) for key, value in outputs.items()}
 
     def stream_tokens(samples, *state):

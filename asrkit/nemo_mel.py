@@ -101,9 +101,12 @@ def symmetric_hann(length: int) -> np.ndarray:
     return (0.5 - 0.5 * np.cos(2 * np.pi * n / (length - 1))).astype(np.float32)
 
 
-def framed_log_mel(padded, settings: NemoMelSettings, filterbank=None, window=None):
+def framed_log_mel(
+    padded, settings: NemoMelSettings, filterbank=None, window=None, dtype=tf.float64
+):
     """[..., N] pre-emphasised samples, already padded -> the log-mel of every whole frame
-    of `n_fft` samples every `hop` [..., (N - n_fft) // hop + 1, F] float32 (unnormalised)."""
+    of `n_fft` samples every `hop` [..., (N - n_fft) // hop + 1, F] float32 (unnormalised),
+    computed in `dtype` up to the log."""
     s = settings
     frames = tf.signal.frame(padded, s.n_fft, s.hop_length)  # [..., T, n_fft]
     window = symmetric_hann(s.win_length) if window is None else np.asarray(window, np.float32)
@@ -111,20 +114,21 @@ def framed_log_mel(padded, settings: NemoMelSettings, filterbank=None, window=No
     padded_window = np.zeros(s.n_fft, np.float32)
     padded_window[left : left + s.win_length] = window
     # In float64 up to the log: near-silent bins' log amplifies float32 rounding (1e-4).
-    spectrum = tf.signal.rfft(tf.cast(frames, tf.float64) * padded_window.astype(np.float64))
+    spectrum = tf.signal.rfft(tf.cast(frames, dtype) * tf.constant(padded_window, dtype))
     power = tf.square(tf.math.real(spectrum)) + tf.square(tf.math.imag(spectrum))
     if filterbank is None:
         filterbank = slaney_mel_filterbank(s)
-    mel = tf.einsum("...tk,fk->...tf", power, tf.constant(np.asarray(filterbank, np.float64)))
+    mel = tf.einsum("...tk,fk->...tf", power, tf.constant(np.asarray(filterbank), dtype))
     return tf.cast(tf.math.log(mel + s.log_guard), tf.float32)
 
 
-def stream_log_mel(samples, settings: NemoMelSettings, end: bool):
+def stream_log_mel(samples, settings: NemoMelSettings, end: bool, dtype=tf.float64):
     """One stream's NeMo features piece by piece (normalize none only). `samples` [N]: the
     raw waveform from one sample before the next frame's first (`hop` x frame - n_fft / 2;
     zeros stand for the samples before the stream's start) -> (the log-mel of the frames
     now whole [m, F], how many samples of `samples` to drop for the next piece). `end`: the
-    stream's end: its last frames, padded with zeros as NeMo's centred STFT pads them."""
+    stream's end: its last frames, padded with zeros as NeMo's centred STFT pads them.
+    `dtype`: the spectrum's (float32 for LiteRT, which has no float64 FFT)."""
     s = settings
     x = tf.cast(samples, tf.float32)
     preemph = s.preemph or 0.0
@@ -140,7 +144,7 @@ def stream_log_mel(samples, settings: NemoMelSettings, end: bool):
         count, drop = valid, tf.shape(x)[0] - 1  # keeps the one sample before: none left
     # zeros after the last sample (NeMo's centred STFT), and at least one frame's worth
     y = tf.pad(y, [[0, s.n_fft]])[: tf.maximum(count - 1, 0) * s.hop_length + s.n_fft]
-    frames = framed_log_mel(y, s)[:count]
+    frames = framed_log_mel(y, s, dtype=dtype)[:count]
     return frames, count * s.hop_length if drop is None else drop
 
 

@@ -65,7 +65,8 @@ class StreamingDecoder:
     `beam` 1 searches greedily; more keeps that many hypotheses (modified beam search)."""
 
     def __init__(self, network, features: FeatureConfig, normalize=None,
-                 max_symbols_per_step: int = SYMBOLS, beam: int = 1, boost=None):  # fmt: skip
+                 max_symbols_per_step: int = SYMBOLS, beam: int = 1, boost=None,
+                 feature_dtype=tf.float64):  # fmt: skip
         if not network.encoder.streams:
             raise UserError(
                 "streaming needs an encoder that streams: model.encoder.kind=lstm, or a "
@@ -86,6 +87,7 @@ class StreamingDecoder:
             )
         self.network, self.features, self.normalize = network, features, normalize
         self.nemo = nemo_settings(features) if features.kind == "nemo" else None
+        self.feature_dtype = feature_dtype  # NeMo's spectrum's (LiteRT: float32)
         self.max_symbols_per_step, self.beam = max_symbols_per_step, int(beam)
         # word boosting (`asrkit.decoding.boosting`): the carry then also holds the state
         self.boost = None if boost is None else as_tensors(boost)
@@ -128,7 +130,7 @@ class StreamingDecoder:
         config = self.features
         samples = tf.concat([state.samples, tf.cast(samples, tf.float32)], axis=0)
         if self.nemo is not None:
-            mel, used_samples = stream_log_mel(samples, self.nemo, end=False)
+            mel, used_samples = stream_log_mel(samples, self.nemo, False, self.feature_dtype)
         else:
             made = num_frames(tf.shape(samples)[0], config)
             mel, used_samples = log_mel(samples, config)[:made], made * config.frame_step
@@ -156,7 +158,7 @@ class StreamingDecoder:
         encoder = self.network.encoder
         before = None
         if self.nemo is not None:  # NeMo's last frames: those its centred STFT pads
-            mel, _ = stream_log_mel(state.samples, self.nemo, end=True)
+            mel, _ = stream_log_mel(state.samples, self.nemo, True, self.feature_dtype)
             if encoder.keeps_features:
                 # and the frame of zeros past the valid length that NeMo's features tensor
                 # holds and its cache-aware streaming buffer passes on

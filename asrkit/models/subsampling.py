@@ -126,18 +126,20 @@ class StridingSubsampling(CompositeLayer):
             self.pointwise = [keras.layers.Conv2D(filters, 1) for _ in range(self.halvings - 1)]
         self.out = keras.layers.Dense(output_dim, name="out")
 
-    def call(self, features, lengths, valid_from=0):
+    def call(self, features, lengths, valid_from=0, streams=False):
         """`valid_from`: the leading input frames that stand for padding before the
         utterance (zeroed at every layer's input, as the convolutions' own padding would
-        be); a multiple of the factor."""
-        x = features[..., None]  # [B, T, F, 1]: time and frequency as the image axes
+        be); a multiple of the factor. `streams`: never an empty batch (a stream's step),
+        so no guard for one (LiteRT has none of its ops)."""
+        conv_of = (lambda conv, x: conv(x)) if streams else _conv
+        x = tf.expand_dims(features, -1)  # [B, T, F, 1]: time and frequency as image axes
         pad = [[0, 0], [2, 1], [2, 1], [0, 0]] if self.causal else [[0, 0], [1, 1], [1, 1], [0, 0]]
         for i, conv in enumerate(self.convs):
             x = _from(zero_padding(x, lengths), valid_from // 2**i)
-            x = _conv(conv, tf.pad(x, pad))
+            x = conv_of(conv, tf.pad(x, pad))
             lengths = halved_frames(lengths, 1, self.causal)
             if self.kind == "dw_striding" and i > 0:
-                x = _conv(self.pointwise[i - 1], zero_padding(x, lengths))
+                x = conv_of(self.pointwise[i - 1], zero_padding(x, lengths))
             x = tf.nn.relu(x)
         x = _from(zero_padding(x, lengths), valid_from // self.factor)
         shape = tf.shape(x)  # [B, T', F', C] -> channel-major [B, T', C * F']
@@ -173,5 +175,5 @@ def causal_window(subsampling: StridingSubsampling, raw, raw_start, first, end, 
     window = tf.pad(window, [[0, 0], [before, 0], [0, 0]])
     rows = tf.shape(window)[1]
     x, _ = subsampling(window, tf.fill([tf.shape(raw)[0]], rows),
-                       valid_from=before if padded else 0)  # fmt: skip
+                       valid_from=before if padded else 0, streams=True)  # fmt: skip
     return x[:, 2 : 2 + tf.maximum(end - first, 0)]

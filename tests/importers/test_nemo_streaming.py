@@ -181,3 +181,38 @@ def test_a_look_ahead_the_model_was_not_trained_with_is_refused(experiment, caps
     loaded = _loaded(experiment, CONTEXTS[1])
     nemo = [t + 1 for t in META[_key(CONTEXTS[1])]["streaming"][1]]
     assert text == loaded.tokenizer.decode(nemo).upper()
+
+
+@pytest.mark.slow
+def test_the_streaming_export_and_its_litert_model_stream_as_nemo_does(experiment, tmp_path):
+    """`asrkit export --streaming --litert --lookahead-frames 0` (the look-ahead where
+    NeMo's stream starts unlike its whole utterance): the SavedModel's stream_step, fed
+    pieces of random sizes, and the LiteRT model of the step (0.13 s pieces, its spectrum
+    in float32) end each clip with NeMo's cache-aware streaming tokens."""
+    from asrkit.cli.main import main
+    from tests.test_export import run_litert
+
+    context = CONTEXTS[-1]
+    out = tmp_path / "streaming"
+    args = ["export", "--exp-dir", str(experiment), "--out", str(out), "--streaming",
+            "--litert", "--lookahead-frames", str(context[1])]  # fmt: skip
+    assert main(args) == 0
+    paths = [ROOT / clip for clip in META["clips"]]
+    want = META[_key(context)]["streaming"]
+    loaded = tf.saved_model.load(str(out))
+    for path, tokens in zip(paths, want, strict=True):
+        samples = read_audio(path, 16000)
+        state, got, start = loaded.signatures["initial_state"](), [], 0
+        rng = np.random.default_rng(len(samples))
+        while start < len(samples):
+            size = int(rng.integers(1, 5000))  # pieces of any size
+            step = loaded.signatures["stream_step"](
+                samples=tf.constant(samples[start : start + size]), **state
+            )
+            state = {k: v for k, v in step.items() if k.startswith("state_")}
+            got += step["tokens"].numpy().tolist()
+            start += size
+        got += loaded.signatures["stream_finish"](**state)["tokens"].numpy().tolist()
+        assert [t - 1 for t in got] == tokens
+    lite = run_litert(out / "stream_tokens.tflite", paths)
+    assert [[t - 1 for t in r["tokens"]] for r in lite] == want
