@@ -13,7 +13,10 @@ Shapes (`SHAPES`): NeMo's `fast-conformer_transducer_bpe.yaml` template as publi
 (FastConformer-Transducer Large, 17 x 512, 114 M parameters), Parakeet-TDT-0.6B-v2 (24 x 1024,
 128 mel bins, no xscaling, no biases, a 2-layer predictor, TDT durations 0-4) and the same
 encoder as a plain RNN-T (the Parakeet-RNNT-0.6B shape: NeMo's TDT losses need CUDA, so on a
-CPU NeMo can only train this one beside asrkit). Training settings are the template's
+CPU NeMo can only train this one beside asrkit), and the cache-aware streaming
+FastConformer-Transducer (the 114 M one with causal subsampling and convolutions, LayerNorm
+convolutions, unnormalised features and chunked_limited attention with the look-aheads 13,
+6, 1 and 0 frames of the published multi-look-ahead model). Training settings are the template's
 (dropout, SpecAugment, AdamW betas and weight decay, `rnnt_reduction`, the fused joint).
 
 The tokenizer is a SentencePiece BPE model of `--vocab` pieces (1024, as published) trained
@@ -75,9 +78,22 @@ DURATIONS = [0, 1, 2, 3, 4]
 XL_ENCODER = {"n_layers": 24, "d_model": 1024}
 
 
+# fastconformer_transducer_bpe_streaming.yaml's encoder changes (NeMo's cache-aware
+# streaming FastConformer), with the look-aheads of the published multi-look-ahead model.
+STREAMING = {
+    "causal_downsampling": True, "att_context_style": "chunked_limited",
+    "att_context_size": [[70, 13], [70, 6], [70, 1], [70, 0]],
+    "conv_context_size": "causal", "conv_norm_type": "layer_norm",
+}  # fmt: skip
+
+
 def _shape(name: str) -> dict:
     config = copy.deepcopy(TEMPLATE)
     if name == "fastconformer_rnnt_114m":
+        return config
+    if name == "fastconformer_streaming_114m":
+        config["preprocessor"]["normalize"] = "NA"
+        config["encoder"].update(STREAMING)
         return config
     config["encoder"].update(XL_ENCODER)
     config["model_defaults"]["enc_hidden"] = 1024
@@ -96,7 +112,8 @@ def _shape(name: str) -> dict:
     return config
 
 
-SHAPES = ("fastconformer_rnnt_114m", "parakeet_rnnt_0.6b", "parakeet_tdt_0.6b")
+SHAPES = ("fastconformer_rnnt_114m", "fastconformer_streaming_114m", "parakeet_rnnt_0.6b",
+          "parakeet_tdt_0.6b")  # fmt: skip
 
 
 def _refuse(message: str) -> None:

@@ -59,10 +59,22 @@ def describe(summary, model) -> str:
         f"hop {feats.frame_step} samples at {feats.sample_rate} Hz, n_fft {feats.fft_length}, "
         f"normalize {feats.normalize}",
         f"  decoding: greedy, at most {config.decode.max_symbols_per_step} symbols per frame",
+        *streaming_settings(enc),
         f"  training: {training_settings(config)}",
     ]
     lines += [f"  note: {note}" for note in summary.plan.notes]
     return "\n".join(lines)
+
+
+def streaming_settings(enc) -> list[str]:
+    """A cache-aware streaming model's look-aheads, in one line (none for full context)."""
+    if not enc.chunk_frames:
+        return []
+    left = "all" if enc.left_chunks < 0 else f"{enc.left_chunks * enc.chunk_frames}"
+    aheads = ", ".join(str(a) for a in (enc.lookaheads or (enc.chunk_frames - 1,)))
+    return [f"  streaming: cache-aware, left context {left} frames, look-aheads {aheads} "
+            f"frames (default {enc.chunk_frames - 1}; --lookahead-frames; transcribe "
+            "--streaming, export --streaming)"]  # fmt: skip
 
 
 def training_settings(config) -> str:

@@ -216,3 +216,51 @@ def test_the_streaming_export_and_its_litert_model_stream_as_nemo_does(experimen
         assert [t - 1 for t in got] == tokens
     lite = run_litert(out / "stream_tokens.tflite", paths)
     assert [[t - 1 for t in r["tokens"]] for r in lite] == want
+
+
+def test_a_fine_tuned_cache_aware_model_still_streams_as_nemo_does(
+    experiment, tmp_path, monkeypatch
+):
+    """Training `--init-from` the import (its config as the base: its chunks, its look-aheads
+    drawn per update, NeMo's features) for an epoch at a negligible learning rate: the dev
+    WER is that of NeMo's whole-utterance greedy tokens, and the fine-tuned experiment
+    streams NeMo's streaming tokens from the waveform."""
+    from asrkit.cli.main import main
+    from asrkit.config import load_config
+    from asrkit.data.manifest import Utterance, write_manifest
+    from asrkit.metrics import error_rates
+    from asrkit.training.trainer import train
+
+    texts = json.loads((DATA / "models.json").read_text())["lines"]
+    utterances = [
+        Utterance(Path(c).stem, str(ROOT / c), len(read_audio(ROOT / c, 16000)) / 16000,
+                  line.upper(), "9002")
+        for c, line in zip(META["clips"], texts, strict=True)
+    ]  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    write_manifest("clips.jsonl", utterances)
+    assert main(["features", "extract", "--manifest", "clips.jsonl", "--tokenizer",
+                 str(experiment / "tokenizer"), "--out", "shards/clips", "--shards", "1",
+                 "--config", str(experiment / "config.yaml")]) == 0  # fmt: skip
+    Path("finetune.yaml").write_text(
+        f"base: {experiment / 'config.yaml'}\n"
+        f"data: {{tokenizer: {experiment / 'tokenizer'}, train_shards: shards/clips, "
+        "dev_shards: shards/clips, batch_seconds: 40.0, num_buckets: 1, spec_augment: false}\n"
+        "train: {epochs: 1, learning_rate: 1.0e-9, warmup_updates: 1, checkpoint_every: 0,\n"
+        "        probe_memory: false}\n"
+    )
+    result = train(load_config("finetune.yaml"), "ft", init_from=str(experiment))
+    tuned = load_experiment("ft")
+    assert tuned.config.model.encoder == load_experiment(experiment).config.model.encoder
+    first = _key(CONTEXTS[0])
+    nemo = [tuned.tokenizer.decode([t + 1 for t in tokens]).upper()
+            for tokens in META[first]["offline"]]  # fmt: skip
+    want = error_rates([u.text for u in utterances], nemo).wer
+    assert want > 0 and result.dev_wer == pytest.approx(want, abs=1e-9)
+    decoder = StreamingDecoder(tuned.network, tuned.config.features, tuned.normalizer,
+                               tuned.config.decode.max_symbols_per_step)  # fmt: skip
+    for clip in CLIPS:
+        wave = read_audio(ROOT / META["clips"][clip], 16000)
+        state = decoder.step(wave, decoder.initial_state()).state
+        state = decoder.finish(state).state
+        assert (state.tokens.numpy() - 1).tolist() == META[first]["streaming"][clip]
