@@ -272,7 +272,7 @@ class EncoderConfig:
                 "model.encoder.causal_subsampling needs subsampling striding or dw_striding "
                 "(valid is causal already)"
             )
-        if self.lookaheads:
+        if self.lookaheads and self.chunk_frames:  # (without chunks: not applicable)
             if self.lookaheads[0] != self.chunk_frames - 1 or min(self.lookaheads) < 0:
                 raise ValueError(
                     "model.encoder.lookaheads: the first is the default and must be "

@@ -51,6 +51,11 @@ def test_defaults_and_overrides(tmp_path):
         ("model:\n  encoder: {kind: nemo_conformer}\n", "model.encoder.kind must be one of"),
         ("model:\n  encoder: {dynamic_chunks: 8}\n", "needs model.encoder.chunk_frames > 0"),
         ("model:\n  encoder: {chunk_frames: 4, dynamic_chunks: -1}\n", "dynamic_chunks must be"),
+        ("model:\n  encoder: {causal_subsampling: true}\n", "causal_subsampling needs.*striding"),
+        ("model:\n  encoder: {lookaheads: [3]}\n", "lookaheads does not.*chunk_frames"),
+        ("model:\n  encoder: {chunk_frames: 4, lookaheads: [2, 1]}\n", "first is the default"),
+        ("model:\n  encoder: {chunk_frames: 4, lookaheads: [3, -1]}\n", "all >= 0"),
+        ("model:\n  encoder: {chunk_frames: 4, lookaheads: [3], dynamic_chunks: 4}\n", "set one"),
     ],
 )
 def test_bad_configs_name_the_key_and_section(tmp_path, text, message):
