@@ -281,8 +281,9 @@ def _check_chunk_override(config: ExperimentConfig, chunk_frames: int) -> None:
         else:
             trained = "full context only"
         raise InputError(
-            f"--chunk-frames: this model was trained with {trained}; running it with other "
-            "chunks needs a Conformer trained with model.encoder.dynamic_chunks"
+            f"--chunk-frames/--lookahead-frames: this model was trained with {trained}; "
+            "running it with other chunks needs a Conformer trained with "
+            "model.encoder.dynamic_chunks or several look-aheads (model.encoder.lookaheads)"
         )
     if chunk_frames < 0:
         raise InputError(f"--chunk-frames must be >= 0 (0: full context), got {chunk_frames}")

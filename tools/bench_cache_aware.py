@@ -12,8 +12,8 @@ and its LiteRT model, each step from raw samples (features included). NeMo: its 
 loop (`CacheAwareStreamingAudioBuffer` + `conformer_stream_step`, torch on the same cores),
 each step from features the buffer computed for the whole file beforehand (NeMo's
 streaming takes whole files), so NeMo's steps leave out the features asrkit's include.
-The repeats alternate (NeMo, asrkit, NeMo, ...), min-max over them, after one warm-up
-clip on each side. The model's blank is
+The repeats alternate (NeMo, asrkit, NeMo, ...) per look-ahead, min-max over them, after
+one warm-up clip on each side. The model's blank is
 favoured first (`--blank-bias`, added to the joint's blank output in a copy of the archive
 both sides read), so that an untrained model of a published shape emits at a trained
 model's pace, not at every frame. The state's memory: asrkit's state tensors after the
@@ -89,6 +89,12 @@ def _nemo(python: str, job: dict) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1]) if run.stdout.strip() else {}
 
 
+def _run(command) -> None:
+    made = subprocess.run([str(c) for c in command], capture_output=True, text=True)
+    if made.returncode != 0:
+        sys.exit(f"bench_cache_aware.py: {command[1]} failed:\n{made.stderr[-3000:]}")
+
+
 def _pieces(samples: int, right: int, hop: int = 160) -> list[tuple[int, int]]:
     """NeMo's chunks in samples: 1 + 8R feature frames, then 8 (R + 1) each."""
     first, shift = (1 + 8 * right) * hop, 8 * (right + 1) * hop
@@ -116,19 +122,22 @@ def _saved(loaded, wave, right):
     return tokens + out["tokens"].numpy().tolist(), times, state_bytes
 
 
-def _litert(path, wave, right):
+def _interpreter(path):
     import warnings
 
     import tensorflow as tf
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        interpreter = tf.lite.Interpreter(
+        return tf.lite.Interpreter(
             model_path=str(path), num_threads=2,
             experimental_op_resolver_type=(
                 tf.lite.experimental.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
             ),
         )  # fmt: skip
+
+
+def _litert(interpreter, path, wave, right):
     step = interpreter.get_signature_runner("stream_tokens")
     finish = interpreter.get_signature_runner("finish_tokens")
     with np.load(f"{path}.initial_state.npz") as initial:
@@ -159,9 +168,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     from asrkit.audio import read_audio
-    from asrkit.experiment import load_experiment
-    from asrkit.export import convert_to_litert, export_streaming
-    from asrkit.importers.nemo_model import import_nemo
+    from asrkit.experiment import load_experiment_config
 
     tf.config.threading.set_intra_op_parallelism_threads(2)
     clips = [str(Path(c).resolve()) for c in args.clips]
@@ -172,37 +179,41 @@ def main(argv=None) -> int:
         nemo = str(tmp / "favoured.nemo")
         _nemo(args.nemo_python, {"nemo": str(Path(args.nemo).resolve()), "save": nemo,
                                  "blank_bias": args.blank_bias})  # fmt: skip
-        import_nemo(nemo, tmp / "exp")
-        encoder = load_experiment(tmp / "exp").config.model.encoder
+        asrkit = Path(sys.executable).parent / "asrkit"
+        _run([asrkit, "import", "nemo", nemo, "--exp-dir", tmp / "exp"])
+        encoder = load_experiment_config(tmp / "exp").model.encoder
         lookaheads = args.lookaheads or list(encoder.lookaheads or [encoder.chunk_frames - 1])
-        exports = {}
-        for right in lookaheads:
-            saved = export_streaming(tmp / "exp", tmp / f"s{right}", chunk_frames=right + 1)
-            exports[right] = (tf.saved_model.load(str(saved)),
-                              convert_to_litert(saved, tmp / f"s{right}.tflite"))  # fmt: skip
-            _saved(exports[right][0], waves[0], right)  # warm-up
-            _litert(exports[right][1], waves[0], right)
-        job = {"nemo": nemo, "clips": clips, "lookaheads": lookaheads}
+        for right in lookaheads:  # each in its own process: a 114 M export holds GBs
+            _run([asrkit, "export", "--exp-dir", tmp / "exp", "--out", tmp / f"s{right}",
+                  "--streaming", "--litert", "--lookahead-frames", str(right)])  # fmt: skip
         figures = {r: {"nemo": [], "saved": [], "litert": []} for r in lookaheads}
         same, state_bytes, nemo_state = {}, {}, {}
-        for repeat in range(args.repeats):
-            nemo_run = _nemo(args.nemo_python, job)
-            for right in lookaheads:
-                theirs = nemo_run[str(right)]
+        for right in lookaheads:  # one export in memory at a time
+            loaded = tf.saved_model.load(str(tmp / f"s{right}"))
+            litert = _interpreter(tmp / f"s{right}" / "stream_tokens.tflite")
+            _saved(loaded, waves[0], right)  # warm-up
+            _litert(litert, tmp / f"s{right}" / "stream_tokens.tflite", waves[0], right)
+            job = {"nemo": nemo, "clips": clips, "lookaheads": [right]}
+            for repeat in range(args.repeats):
+                theirs = _nemo(args.nemo_python, job)[str(right)]
                 figures[right]["nemo"].append(theirs["steps"])
                 nemo_state[right] = theirs["state_bytes"]
-                loaded, litert = exports[right]
                 saved_steps, lite_steps, agree = [], [], True
                 for wave, want in zip(waves, theirs["tokens"], strict=True):
-                    tokens, times, state_bytes[right] = _saved(loaded, wave, right)
+                    tokens, times, held = _saved(loaded, wave, right)
+                    state_bytes[right] = max(state_bytes.get(right, 0), held)
                     saved_steps += times
-                    lite_tokens, times = _litert(litert, wave, right)
+                    lite_tokens, times = _litert(
+                        litert, tmp / f"s{right}" / "stream_tokens.tflite", wave, right
+                    )
                     lite_steps += times
                     agree &= [t - 1 for t in tokens] == want == [t - 1 for t in lite_tokens]
                 figures[right]["saved"].append(saved_steps)
                 figures[right]["litert"].append(lite_steps)
                 same[right] = same.get(right, True) and agree
-            print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+                print(f"look-ahead {right}: repeat {repeat + 1}/{args.repeats} done",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            del loaded, litert
     print(f"{len(waves)} clips, {seconds:.1f} s of audio; {args.repeats} repeats (min-max); "
           f"2 CPU cores")  # fmt: skip
     print(f"{'look-ahead':>10} {'chunk':>7} {'streamer':>16} {'step median ms':>16} "

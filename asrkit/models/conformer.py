@@ -323,7 +323,8 @@ class ConformerEncoder(Encoder):
         """`chunk_frames`: a scalar tensor that replaces the configured chunk size for this
         call (0: full context) — dynamic chunk training draws one per update, and so does
         training with several look-aheads (`lookahead_chunk_frames`)."""
-        self.feature_dim = int(features.shape[-1])  # a stream's feature buffer's width
+        if features.shape[-1] is not None:
+            self.feature_dim = int(features.shape[-1])  # a stream's feature buffer's width
         x, lengths = self.subsampling(features, feature_lengths)
         x = self._scaled(x)
         allowed = chunk = None
