@@ -244,6 +244,10 @@ def train(
         try:
             with _stop_on_signals(run.log, agree) as stop:
                 result = _run_epochs(task, run, data, state, stop)
+            if agree is not None:
+                # No worker leaves before every one is done (the chief's last checkpoint
+                # included): one that left early would look lost to the others.
+                agree(False)
         finally:
             if not run.chief:
                 shutil.rmtree(run.save_dir, ignore_errors=True)
