@@ -136,16 +136,13 @@ class StreamingDecoder:
             mel, used_samples = log_mel(samples, config)[:made], made * config.frame_step
         if self.normalize is not None:
             mel = self.normalize(mel)
-        if self.network.encoder.keeps_features:  # each frame passed once
-            encoded, encoder_state = self.network.encoder.stream(mel[None], state.encoder)
-            return self._search(encoded, state._replace(
-                samples=samples[used_samples:], encoder=encoder_state,
-            ))  # fmt: skip
+        encoder = self.network.encoder
         features = tf.concat([state.features, mel], axis=0)
-        encoded, encoder_state = self.network.encoder.stream(
-            tf.expand_dims(features, 0), state.encoder
-        )
-        used = SUBSAMPLING * encoder_frames(tf.shape(features)[0])  # the rest waits
+        encoded, encoder_state = encoder.stream(tf.expand_dims(features, 0), state.encoder)
+        if encoder.keeps_features:  # each frame passed once: none waits here
+            used = tf.shape(features)[0]
+        else:
+            used = SUBSAMPLING * encoder_frames(tf.shape(features)[0])  # the rest waits
         return self._search(encoded, state._replace(
             samples=samples[used_samples:], features=features[used:], encoder=encoder_state,
         ))  # fmt: skip
@@ -159,12 +156,11 @@ class StreamingDecoder:
         before = None
         if self.nemo is not None:  # NeMo's last frames: those its centred STFT pads
             mel, _ = stream_log_mel(state.samples, self.nemo, True, self.feature_dtype)
+            mel = tf.concat([state.features, mel], axis=0)
             if encoder.keeps_features:
                 # and the frame of zeros past the valid length that NeMo's features tensor
                 # holds and its cache-aware streaming buffer passes on
                 mel = tf.concat([mel, tf.zeros([1, self.nemo.num_mel_bins])], axis=0)
-            else:
-                mel = tf.concat([state.features, mel], axis=0)
             before, encoder_state = encoder.stream(mel[None], state.encoder)
             state = state._replace(samples=state.samples[:0], encoder=encoder_state,
                                    features=state.features[:0])  # fmt: skip

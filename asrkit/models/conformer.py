@@ -443,11 +443,10 @@ class ConformerEncoder(Encoder):
                                      tf.logical_and(left >= 1, left < factor))  # fmt: skip
             padded_count = halved_frames(seen, self.subsampling.halvings, True)
             target = tf.where(dropped, complete, padded_count)
-        stop = seen
         head_end = tf.minimum(target, self.chunk_frames)
-        head = causal_window(self.subsampling, raw, raw_start, made, head_end, stop, True)
+        head = causal_window(self.subsampling, raw, raw_start, made, head_end, seen, True)
         rest_first = tf.maximum(made, self.chunk_frames)
-        rest = causal_window(self.subsampling, raw, raw_start, rest_first, target, stop, False)
+        rest = causal_window(self.subsampling, raw, raw_start, rest_first, target, seen, False)
         frames = tf.concat([head, rest], axis=1)
         keep_from = tf.maximum(factor * (target - 2), 0)
         return frames, (raw[:, keep_from - raw_start :], target, seen)

@@ -292,28 +292,12 @@ def test_an_imported_model_fine_tunes_with_init_from(imported, tmp_path, monkeyp
     tokenizer, then training `--init-from` the import with a config based on the imported
     one: every variable is loaded, and after an epoch at a negligible learning rate the
     dev WER is that of NeMo's own greedy transcripts of the clips."""
-    from asrkit.cli.main import main
-    from asrkit.data.manifest import Utterance, write_manifest
+    from tests.importers.clip_finetuning import clip_finetuning
 
     summary, experiment, _, _ = imported["rnnt"]
     exp = summary.exp_dir
-    utterances = [
-        Utterance(Path(c).stem, str(ROOT / c), len(read_audio(ROOT / c, 16000)) / 16000,
-                  line.upper(), "9002")
-        for c, line in zip(META["clips"], META["lines"], strict=True)
-    ]  # fmt: skip
     monkeypatch.chdir(tmp_path)
-    write_manifest("clips.jsonl", utterances)
-    assert main(["features", "extract", "--manifest", "clips.jsonl", "--tokenizer",
-                 str(exp / "tokenizer"), "--out", "shards/clips", "--shards", "1",
-                 "--config", str(exp / "config.yaml")]) == 0  # fmt: skip
-    Path("finetune.yaml").write_text(
-        f"base: {exp / 'config.yaml'}\n"
-        f"data: {{tokenizer: {exp / 'tokenizer'}, train_shards: shards/clips, "
-        "dev_shards: shards/clips, batch_seconds: 40.0, num_buckets: 1, spec_augment: false}\n"
-        "train: {epochs: 1, learning_rate: 1.0e-9, warmup_updates: 1, checkpoint_every: 0,\n"
-        "        probe_memory: false}\n"
-    )
+    utterances = clip_finetuning(exp, META["clips"], META["lines"])
     from asrkit.config import load_config
     from asrkit.training.trainer import train
 

@@ -225,30 +225,14 @@ def test_a_fine_tuned_cache_aware_model_still_streams_as_nemo_does(
     drawn per update, NeMo's features) for an epoch at a negligible learning rate: the dev
     WER is that of NeMo's whole-utterance greedy tokens, and the fine-tuned experiment
     streams NeMo's streaming tokens from the waveform."""
-    from asrkit.cli.main import main
     from asrkit.config import load_config
-    from asrkit.data.manifest import Utterance, write_manifest
     from asrkit.metrics import error_rates
     from asrkit.training.trainer import train
+    from tests.importers.clip_finetuning import clip_finetuning
 
     texts = json.loads((DATA / "models.json").read_text())["lines"]
-    utterances = [
-        Utterance(Path(c).stem, str(ROOT / c), len(read_audio(ROOT / c, 16000)) / 16000,
-                  line.upper(), "9002")
-        for c, line in zip(META["clips"], texts, strict=True)
-    ]  # fmt: skip
     monkeypatch.chdir(tmp_path)
-    write_manifest("clips.jsonl", utterances)
-    assert main(["features", "extract", "--manifest", "clips.jsonl", "--tokenizer",
-                 str(experiment / "tokenizer"), "--out", "shards/clips", "--shards", "1",
-                 "--config", str(experiment / "config.yaml")]) == 0  # fmt: skip
-    Path("finetune.yaml").write_text(
-        f"base: {experiment / 'config.yaml'}\n"
-        f"data: {{tokenizer: {experiment / 'tokenizer'}, train_shards: shards/clips, "
-        "dev_shards: shards/clips, batch_seconds: 40.0, num_buckets: 1, spec_augment: false}\n"
-        "train: {epochs: 1, learning_rate: 1.0e-9, warmup_updates: 1, checkpoint_every: 0,\n"
-        "        probe_memory: false}\n"
-    )
+    utterances = clip_finetuning(experiment, META["clips"], texts)
     result = train(load_config("finetune.yaml"), "ft", init_from=str(experiment))
     tuned = load_experiment("ft")
     assert tuned.config.model.encoder == load_experiment(experiment).config.model.encoder
