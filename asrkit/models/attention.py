@@ -69,7 +69,8 @@ def relative_shift(x: tf.Tensor) -> tf.Tensor:
     shape = tf.shape(x)
     padded = tf.pad(x, [[0, 0], [0, 0], [0, 0], [1, 0]])  # [B, H, T, 2T]
     folded = tf.reshape(padded, [shape[0], shape[1], shape[3] + 1, shape[2]])
-    return tf.reshape(folded[:, :, 1:], shape)
+    # tf.slice, not x[..]: its gradient is a pad, StridedSlice's a far slower scatter.
+    return tf.reshape(tf.slice(folded, [0, 0, 1, 0], [-1, -1, -1, -1]), shape)
 
 
 @keras.saving.register_keras_serializable(package="asrkit")
@@ -107,7 +108,8 @@ class SelfAttention(CompositeLayer):
         if self.positions == "relative":
             frames = tf.shape(x)[1]
             by_distance = self._by_distance(q, relative_embeddings(frames, self.d_model))
-            scores += relative_shift(by_distance)[..., :frames]
+            shifted = relative_shift(by_distance)
+            scores += tf.slice(shifted, [0, 0, 0, 0], [-1, -1, -1, frames])
         return self._attend(scores, v, keep, training, seed)
 
     def stream(self, x, keys, values, offset, allowed):
@@ -125,7 +127,7 @@ class SelfAttention(CompositeLayer):
     def _project(self, x, offset):
         batch, frames = tf.shape(x)[0], tf.shape(x)[1]
         qkv = tf.reshape(self.qkv(x), [batch, frames, 3, self.num_heads, self.head_dim])
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, T, H, Dh] each
+        q, k, v = tf.unstack(qkv, axis=2)  # [B, T, H, Dh] each
         if self.positions == "rotary":
             q, k = rotary(q, offset), rotary(k, offset)
         return q, k, v

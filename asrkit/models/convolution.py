@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from asrkit.config import CONV_NORMS
 from asrkit.models.layers import (
+    DEPTHWISE_DTYPE,
     BatchNorm,
     CompositeLayer,
     seed_or_zeros,
@@ -57,7 +58,10 @@ class ConvolutionModule(CompositeLayer):
         self.pointwise_in = keras.layers.Dense(2 * d_model, use_bias=use_bias)
         # Causal: the kernel_size - 1 frames before are padded by hand (same weights).
         self.depthwise = keras.layers.DepthwiseConv1D(
-            kernel_size, padding="valid" if self.causal else "same", use_bias=use_bias
+            kernel_size,
+            padding="valid" if self.causal else "same",
+            use_bias=use_bias,
+            dtype=DEPTHWISE_DTYPE,
         )
         self.norm = (
             keras.layers.LayerNormalization(epsilon=epsilon) if norm == "layer"
@@ -81,7 +85,7 @@ class ConvolutionModule(CompositeLayer):
         h = zero_padding(self._gated(x), lengths)
         if self.causal:
             h = tf.pad(h, [[0, 0], [self.kernel_size - 1, 0], [0, 0]])
-        out = self.depthwise(h)
+        out = tf.cast(self.depthwise(h), h.dtype)
         if self.chunked and chunk is not None:  # None: the utterance is one chunk
             out -= self._beyond_chunk(h, chunk)
         return self._finish(out, training, seed)
@@ -97,7 +101,7 @@ class ConvolutionModule(CompositeLayer):
         # One zero frame after: a piece of no frames still convolves (its output is cut).
         padded = tf.pad(h, [[0, 0], [0, 1], [0, 0]])
         start = 0 if self.causal else self._left  # "same": outputs aligned with h's frames
-        out = self.depthwise(padded)[:, start : start + tf.shape(x)[1]]
+        out = tf.cast(self.depthwise(padded), h.dtype)[:, start : start + tf.shape(x)[1]]
         if self.chunked:
             out -= self._beyond_chunk(new, chunk)
         return self._finish(out, False, None), new_tail
@@ -118,8 +122,8 @@ class ConvolutionModule(CompositeLayer):
         return removed
 
     def _gated(self, x):
-        h = self.pointwise_in(self.pre_norm(x))
-        return h[..., : self.d_model] * tf.sigmoid(h[..., self.d_model :])  # GLU
+        values, gates = tf.split(self.pointwise_in(self.pre_norm(x)), 2, axis=-1)
+        return values * tf.sigmoid(gates)  # GLU
 
     def _finish(self, h, training, seed):
         # frozen_batch: the running statistics, in training too (they never move).

@@ -6,6 +6,11 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+# The dtype policy of depthwise convolutions, whatever the model's: under mixed bfloat16 the
+# CPU kernels of their gradients are several times slower than in float32, and they are a
+# sliver of a Conformer's products (tools/bench_throughput.py).
+DEPTHWISE_DTYPE = "float32"
+
 
 class CompositeLayer(keras.layers.Layer):
     """A layer made only of sub-layers, which build themselves on their first call."""

@@ -25,7 +25,7 @@ import keras
 import tensorflow as tf
 
 from asrkit.features import MIN_FEATURE_FRAMES, conv_frames, encoder_frames, halved_frames
-from asrkit.models.layers import CompositeLayer, zero_padding
+from asrkit.models.layers import DEPTHWISE_DTYPE, CompositeLayer, zero_padding
 
 STRIDINGS = ("striding", "dw_striding")
 
@@ -95,7 +95,7 @@ def _conv(conv, x):
         out = [0, (shape[1] - size) // stride + 1, (shape[2] - size) // stride + 1, channels]
         return tf.zeros(tf.stack(out), x.dtype)
 
-    y = tf.cond(shape[0] > 0, lambda: conv(x), empty)
+    y = tf.cond(shape[0] > 0, lambda: tf.cast(conv(x), x.dtype), empty)
     return tf.ensure_shape(y, [x.shape[0], None, None, channels])  # batch stays static
 
 
@@ -120,7 +120,7 @@ class StridingSubsampling(CompositeLayer):
             self.pointwise = []
         else:
             self.convs = [conv()] + [
-                keras.layers.DepthwiseConv2D(3, strides=2, padding="valid")
+                keras.layers.DepthwiseConv2D(3, strides=2, padding="valid", dtype=DEPTHWISE_DTYPE)
                 for _ in range(self.halvings - 1)
             ]
             self.pointwise = [keras.layers.Conv2D(filters, 1) for _ in range(self.halvings - 1)]
@@ -131,7 +131,7 @@ class StridingSubsampling(CompositeLayer):
         utterance (zeroed at every layer's input, as the convolutions' own padding would
         be); a multiple of the factor. `streams`: never an empty batch (a stream's step),
         so no guard for one (LiteRT has none of its ops)."""
-        conv_of = (lambda conv, x: conv(x)) if streams else _conv
+        conv_of = (lambda conv, x: tf.cast(conv(x), x.dtype)) if streams else _conv
         x = tf.expand_dims(features, -1)  # [B, T, F, 1]: time and frequency as image axes
         pad = [[0, 0], [2, 1], [2, 1], [0, 0]] if self.causal else [[0, 0], [1, 1], [1, 1], [0, 0]]
         for i, conv in enumerate(self.convs):

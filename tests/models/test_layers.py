@@ -255,17 +255,42 @@ def test_layer_contract(name):
     np.testing.assert_allclose(tf.function(lambda: run(layer), autograph=False)(), out, atol=1e-5)
 
 
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 @pytest.mark.parametrize("name", list(LAYERS))
-def test_layer_runs_in_mixed_float16(name):
+def test_layer_runs_in_mixed_precision(name, policy):
+    """Eagerly and traced (a traced conditional needs one dtype from both branches: the
+    depthwise convolutions compute in float32 under every policy)."""
     _, factory, run = LAYERS[name]
-    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    keras.mixed_precision.set_dtype_policy(policy)
     try:
         layer = factory()
         out = run(layer)
+        traced = tf.function(lambda: run(layer), autograph=False)()
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
-    assert out.dtype == tf.float16
+    assert out.dtype == traced.dtype == keras.mixed_precision.Policy(policy).compute_dtype
     assert np.isfinite(out.numpy().astype(np.float32)).all()
+    # a few half-precision steps apart at most (the graph fuses and orders ops its own way)
+    np.testing.assert_allclose(traced.numpy().astype(np.float32),
+                               out.numpy().astype(np.float32), rtol=0.05, atol=0.05)  # fmt: skip
+
+
+def test_mixed_bfloat16_depthwise_convolutions_keep_float32_precision():
+    """Under mixed bfloat16 the convolution module's depthwise convolution computes in
+    float32: its output equals NumPy's float32 convolution of the (bfloat16) gated input."""
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:
+        module = ConvolutionModule(d_model=16, kernel_size=5, norm="layer", dropout=0.0,
+                                   context="full")  # fmt: skip
+        module(X, LENGTHS)
+        gated = zero_padding(module._gated(tf.constant(X)), LENGTHS)
+        got = tf.cast(module.depthwise(gated), tf.float32).numpy()
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    h = np.pad(gated.numpy().astype(np.float32), [(0, 0), (2, 2), (0, 0)])
+    kernel, bias = (w.numpy() for w in module.depthwise.weights)
+    want = sum(h[:, k : k + X.shape[1]] * kernel[k, :, 0] for k in range(5)) + bias
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # bfloat16 would miss by ~1e-2
 
 
 ENCODERS = {
