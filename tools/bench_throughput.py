@@ -5,8 +5,8 @@ First the measured peak of dense matrix products: a plain square `tf.matmul` (`-
 the achieved FLOP/s of
 - the encoder's forward + backward (the gradient of a sum of its output with respect to
   every trainable weight and the features), and
-- the whole training step (forward, loss, backward; the update itself is not counted, it is
-  a few operations per weight),
+- the whole training step (forward, loss, backward and asrkit's AdamW update; the update's
+  FLOPs are not counted, it is a few operations per weight),
 on one micro-batch of `--batch` x `--seconds` with `--labels` labels, in float32 and mixed
 bfloat16, with and without XLA (`--jit`). FLOPs are counted as the ops run, not by hand:
 every matrix product, einsum and convolution (forward and gradient kernels alike) is 2 x
@@ -169,6 +169,7 @@ def _measure(name, precision, jit, args, peaks) -> None:
 
     from asrkit.config import load_config
     from asrkit.models.transducer import Transducer
+    from asrkit.training.optimizers import build_optimizer
     from asrkit.training.task import TransducerTask
 
     recipes = Path(__file__).resolve().parents[1] / "recipes"
@@ -185,7 +186,7 @@ def _measure(name, precision, jit, args, peaks) -> None:
         tf.constant(np.full(args.batch, args.labels, np.int32)),
     )
     task = TransducerTask(Transducer(vocab, config.model), loss=config.loss)
-    task.compile(keras.optimizers.AdamW(1e-4), accumulation_steps=1, jit_compile=jit)
+    task.compile(build_optimizer("adamw", 1e-4, 0.01), accumulation_steps=1, jit_compile=jit)
     task.build_engine(batch)
     encoder_weights = task.network.encoder.trainable_variables
 

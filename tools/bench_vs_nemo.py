@@ -236,13 +236,13 @@ def _asrkit_step(exp: Path, request: dict) -> dict:
     loading and after building the engine (weights, AdamW slots, accumulators), the
     allocator's state before the step and its peak during it, the time per update and the
     process peak."""
-    import keras
     import numpy as np
     import tensorflow as tf
 
     from asrkit.config import load_config
     from asrkit.experiment import build_network
     from asrkit.training.memory_meter import allocator_peak
+    from asrkit.training.optimizers import build_optimizer
     from asrkit.training.task import TransducerTask
 
     out = {"RSS after loading MiB": _rss_mib()}
@@ -262,7 +262,8 @@ def _asrkit_step(exp: Path, request: dict) -> dict:
     )
     loss = config.loss if request.get("loss_fused", True) else replace(config.loss, fused=False)
     task = TransducerTask(build_network(replace(config, model=model), vocab), loss)
-    task.compile(keras.optimizers.AdamW(1e-5), accumulation_steps=1)
+    # asrkit's AdamW (torch's update, one fused kernel per weight) at torch's defaults
+    task.compile(build_optimizer("adamw", 1e-5, 0.01), accumulation_steps=1)
     task.build_engine(batch)
     out["RSS with the training state MiB"] = _rss_mib()
     out["allocator before the step MiB"] = (
