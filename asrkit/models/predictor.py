@@ -57,7 +57,7 @@ class LSTMPredictor(CompositeLayer):
         start = tf.fill([tf.shape(labels)[0], 1], tf.constant(BLANK_ID, labels.dtype))
         x = self._embed(tf.concat([start, labels], axis=1))
         for lstm in self.lstms:
-            x, _, _ = lstm(x, training=training)
+            x = _sequence(lstm, x)
             x = self.drop(x, training=training)
         return x
 
@@ -93,6 +93,69 @@ class LSTMPredictor(CompositeLayer):
             "blank_as_pad": self.blank_as_pad,
             "input_bias": self.input_bias,
         }
+
+
+def _sequence(lstm, x):
+    """An LSTM layer's outputs for all positions of x [B, T, D] -> [B, T, units]: the input
+    projection of every position in one product, then `lstm_recurrence`. The same function
+    as calling the layer; its weights are the layer's own."""
+    if not lstm.built:
+        lstm.build(x.shape)
+    cell, dtype = lstm.cell, x.dtype
+    projected = tf.einsum("btd,dg->btg", x, tf.cast(cell.kernel, dtype)) + tf.cast(cell.bias, dtype)
+    if isinstance(cell, TorchLSTMCell):
+        projected += tf.cast(cell.input_bias, dtype)
+    return lstm_recurrence(projected, tf.cast(cell.recurrent_kernel, dtype))
+
+
+@tf.custom_gradient
+def lstm_recurrence(projected, recurrent_kernel):
+    """h [B, T, u] of an LSTM from zero state, given each position's projected input
+    `projected` [B, T, 4u] (x·W + biases, Keras' gate order i, f, c, o) and the recurrent
+    kernel [u, 4u].
+
+    Its gradient is written out (backpropagation through time): the loop only carries the
+    gates' gradients back, and the recurrent kernel's gradient is one product over all
+    positions afterwards. Differentiating the loop instead computes a [u, 4u] outer
+    product at every position and sums them one by one, most of a 640-unit predictor's
+    backward time."""
+    inputs = tf.transpose(projected, [1, 0, 2])  # time-major [T, B, 4u]
+    zeros = tf.zeros([tf.shape(inputs)[1], recurrent_kernel.shape[0]], inputs.dtype)
+
+    def forward(carry, z):
+        h, c, _ = carry
+        i, f, g, o = tf.split(z + tf.matmul(h, recurrent_kernel), 4, axis=-1)
+        i, f, g, o = tf.sigmoid(i), tf.sigmoid(f), tf.tanh(g), tf.sigmoid(o)
+        c = f * c + i * g
+        return o * tf.tanh(c), c, tf.concat([i, f, g, o], axis=-1)
+
+    h, c, gates = tf.scan(forward, inputs, initializer=(zeros, zeros, tf.zeros_like(inputs[0])))
+
+    def gradient(d_h):
+        c_before = tf.concat([zeros[None], c[:-1]], axis=0)
+
+        def backward(carry, position):
+            d_h_later, d_c_later, _ = carry
+            d_h_here, c_here, c_prev, gates_here = position
+            i, f, g, o = tf.split(gates_here, 4, axis=-1)
+            d_out = d_h_here + d_h_later
+            squashed = tf.tanh(c_here)
+            d_c = d_c_later + d_out * o * (1 - squashed * squashed)
+            d_z = tf.concat([
+                d_c * g * i * (1 - i), d_c * c_prev * f * (1 - f), d_c * i * (1 - g * g),
+                d_out * squashed * o * (1 - o),
+            ], axis=-1)  # fmt: skip
+            return tf.matmul(d_z, recurrent_kernel, transpose_b=True), d_c * f, d_z
+
+        _, _, d_z = tf.scan(
+            backward, (tf.transpose(d_h, [1, 0, 2]), c, c_before, gates),
+            initializer=(zeros, zeros, tf.zeros_like(inputs[0])), reverse=True,
+        )  # fmt: skip
+        h_before = tf.concat([zeros[None], h[:-1]], axis=0)
+        d_kernel = tf.einsum("tbu,tbg->ug", h_before, d_z)
+        return tf.transpose(d_z, [1, 0, 2]), d_kernel
+
+    return tf.transpose(h, [1, 0, 2]), gradient
 
 
 @keras.saving.register_keras_serializable(package="asrkit")

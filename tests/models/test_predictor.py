@@ -56,3 +56,37 @@ def test_stepping_one_label_at_a_time_equals_the_training_call(factory):
         out, state = predictor.step(tf.constant(LABELS[:, u]), state)
         stepped.append(out.numpy())
     np.testing.assert_allclose(np.stack(stepped, axis=1), whole, atol=1e-5)
+
+
+@pytest.mark.parametrize("input_bias", [False, True])
+def test_the_lstm_sequence_and_its_written_gradient_equal_the_keras_layers(input_bias):
+    """The training call (input projections in one product, the recurrence with its
+    backpropagation through time written out) gives the outputs and every weight's gradient
+    of running Keras' own LSTM layers over the sequence, eagerly and traced."""
+    predictor = LSTMPredictor(vocab_size=12, embed_dim=6, units=5, num_layers=2, dropout=0.0,
+                              input_bias=input_bias)  # fmt: skip
+    predictor(LABELS)
+    rng = np.random.default_rng(1)
+    for weight in predictor.weights:  # biases away from zero too
+        weight.assign(rng.normal(0.0, 0.5, weight.shape).astype(np.float32))
+    projection = tf.constant(rng.standard_normal((2, 6, 5)).astype(np.float32))
+
+    def keras_layers(labels):
+        x = predictor._embed(tf.concat([tf.fill([2, 1], BLANK_ID), labels], axis=1))
+        for lstm in predictor.lstms:
+            x, _, _ = lstm(x)
+        return x
+
+    def loss_and_gradients(run):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(run(tf.constant(LABELS)) * projection)
+        return loss, tape.gradient(loss, predictor.trainable_variables)
+
+    want_loss, want = loss_and_gradients(keras_layers)
+    for run in (predictor, tf.function(predictor, autograph=False)):
+        np.testing.assert_allclose(run(LABELS), keras_layers(tf.constant(LABELS)), atol=1e-6)
+        loss, got = loss_and_gradients(run)
+        np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+        for g, w, variable in zip(got, want, predictor.trainable_variables, strict=True):
+            np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(w),
+                                       rtol=1e-5, atol=1e-6, err_msg=variable.path)  # fmt: skip
