@@ -126,8 +126,10 @@ class SelfAttention(CompositeLayer):
 
     def _project(self, x, offset):
         batch, frames = tf.shape(x)[0], tf.shape(x)[1]
-        qkv = tf.reshape(self.qkv(x), [batch, frames, 3, self.num_heads, self.head_dim])
-        q, k, v = tf.unstack(qkv, axis=2)  # [B, T, H, Dh] each
+        # split, not strided slices (whose gradients scatter) nor unstack (LiteRT's fails on
+        # a piece of no frames)
+        shape = [batch, frames, self.num_heads, self.head_dim]
+        q, k, v = (tf.reshape(p, shape) for p in tf.split(self.qkv(x), 3, axis=-1))
         if self.positions == "rotary":
             q, k = rotary(q, offset), rotary(k, offset)
         return q, k, v
