@@ -108,6 +108,15 @@ def _sequence(lstm, x):
     return lstm_recurrence(projected, tf.cast(cell.recurrent_kernel, dtype))
 
 
+def _lstm_step(z, c):
+    """One LSTM step from the gates' pre-activations z [B, 4u] (i, f, c, o) and the cell
+    c -> (h, the new cell, the activated gates [B, 4u])."""
+    i, f, g, o = tf.split(z, 4, axis=-1)
+    i, f, g, o = tf.sigmoid(i), tf.sigmoid(f), tf.tanh(g), tf.sigmoid(o)
+    c = f * c + i * g
+    return o * tf.tanh(c), c, tf.concat([i, f, g, o], axis=-1)
+
+
 @tf.custom_gradient
 def lstm_recurrence(projected, recurrent_kernel):
     """h [B, T, u] of an LSTM from zero state, given each position's projected input
@@ -124,10 +133,7 @@ def lstm_recurrence(projected, recurrent_kernel):
 
     def forward(carry, z):
         h, c, _ = carry
-        i, f, g, o = tf.split(z + tf.matmul(h, recurrent_kernel), 4, axis=-1)
-        i, f, g, o = tf.sigmoid(i), tf.sigmoid(f), tf.tanh(g), tf.sigmoid(o)
-        c = f * c + i * g
-        return o * tf.tanh(c), c, tf.concat([i, f, g, o], axis=-1)
+        return _lstm_step(z + tf.matmul(h, recurrent_kernel), c)
 
     h, c, gates = tf.scan(forward, inputs, initializer=(zeros, zeros, tf.zeros_like(inputs[0])))
 
@@ -173,9 +179,7 @@ class TorchLSTMCell(keras.layers.LSTMCell):
     def call(self, inputs, states, training=False):
         h, c = states
         z = inputs @ self.kernel + self.input_bias + h @ self.recurrent_kernel + self.bias
-        i, f, g, o = tf.split(z, 4, axis=-1)
-        c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
-        h = tf.sigmoid(o) * tf.tanh(c)
+        h, c, _ = _lstm_step(z, c)
         return h, [h, c]
 
 
