@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import timed
+from harness import timed, update_times
 
 CONFIGS = {
     "fastconformer_rnnt_114m": "finetune/conf/fastconformer_rnnt_114m.yaml",
@@ -209,8 +209,8 @@ def _measure(name, precision, jit, args, peaks) -> None:
     figures = [
         ("encoder fwd+bwd", encoder_flops,
          timed(lambda: [t.numpy() for t in encoder_fn(*batch[:2])[:1]], repeats=args.repeats)),
-        ("whole step (fit)", step_flops,
-         timed(lambda: task.fit(dataset, verbose=0), repeats=args.repeats)),
+        ("whole step (one update of a fit epoch)", step_flops,
+         update_times(task, dataset, args.repeats)),
     ]  # fmt: skip
     peak = peaks["bfloat16" if "bfloat16" in precision else "float32"]
     for what, flops, spent in figures:

@@ -36,9 +36,10 @@ Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, N
   figure) and with the vectorised loss in its place (the time figure), against asrkit's
   TransducerTask with the imported loss settings. Per side: RSS after loading, RSS with
   the training state (after NeMo's first update: its AdamW slots exist only from then),
-  the time per update, the process peak; for asrkit also the allocator's bytes before the
-  step and its exact peak during it (what a GPU would hold; PyTorch's profiler timeline,
-  which would give NeMo's, needed more than 24 GB for one 114 M update). asrkit runs twice: in the
+  the time per update (asrkit's inside a `fit` epoch: harness.update_times), the process
+  peak; for asrkit also the allocator's bytes before the step and its exact peak during it
+  (what a GPU would hold; PyTorch's profiler timeline, which would give NeMo's, needed more
+  than 24 GB for one 114 M update). asrkit runs twice: in the
   measuring environment (oneDNN off: exact allocator peaks) and as its commands run
   (`AS_COMMANDS_RUN`, oneDNN on: the time users get; oneDNN's scratch is then outside the
   allocator's figures).
@@ -68,7 +69,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from harness import AS_COMMANDS_RUN, child_request, reply, run_child, spread, timed  # noqa: E402
+from harness import (  # noqa: E402
+    AS_COMMANDS_RUN,
+    child_request,
+    reply,
+    run_child,
+    spread,
+    timed,
+    update_times,
+)  # fmt: skip
 
 LOSS_SHAPES = ((4, 100, 20, 65), (8, 150, 30, 65), (2, 200, 40, 129))  # B, T, U, V (blank incl.)
 TRAIN_BATCH = 16
@@ -217,7 +226,7 @@ def _asrkit(request: dict) -> dict:
             task = TransducerTask(experiment.network, settings)
             task.compile(keras.optimizers.AdamW(1e-5), accumulation_steps=1)
             task.build_engine(batch)
-            step = _median_time(lambda task=task: task.fit(data, verbose=0))
+            step = update_times(task, data, ROUNDS).median
             out[f"training update s{name}"] = step
             out[f"training audio s/s{name}"] = seconds / step
             out.setdefault("peak RSS MiB", _peak_rss_mib())  # of the imported settings
@@ -277,7 +286,7 @@ def _asrkit_step(exp: Path, request: dict) -> dict:
     out["allocator step peak MiB"] = allocator_peak(lambda: task.fit(data, verbose=0)) / 2**20
     # the training state and the step's tensors together: what a GPU would hold
     out["tensor peak MiB"] = out["allocator before the step MiB"] + out["allocator step peak MiB"]
-    out["update s"] = timed(lambda: task.fit(data, verbose=0), repeats=ROUNDS, warmup=0).median
+    out["update s"] = update_times(task, data, ROUNDS).median
     out["peak RSS MiB"] = _peak_rss_mib()
     out["peak RSS above loading MiB"] = out["peak RSS MiB"] - out["RSS after loading MiB"]
     return out

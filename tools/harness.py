@@ -76,6 +76,32 @@ def spread(values) -> Spread:
     return Spread(statistics.median(values), min(values), max(values))
 
 
+def update_times(task, dataset, updates: int, warmup: int = 1) -> Spread:
+    """Wall seconds of each of `updates` optimizer updates inside one `fit` epoch, as
+    training runs them (`dataset`: one window's micro-batches, repeated here), from Keras'
+    batch-begin to its batch-end callback, after `warmup` untimed updates of the same epoch
+    (the first traces the step). What a `fit` call costs once, not per update, is
+    left out: its set-up, and its end of data — the call that meets the end raises inside
+    the step's graph, and TensorFlow formats that error from the whole graph's debug
+    information (0.3-0.8 s for a 114 M network's step; once per epoch in training, but
+    as much again for every update of a benchmark that calls `fit` once per update)."""
+    import keras
+
+    times = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            times.append(time.perf_counter() - self.start)
+
+    task.fit(dataset.repeat(warmup + updates), verbose=0, callbacks=[Clock()])
+    if len(times) != warmup + updates:
+        raise RuntimeError(f"update_times: {len(times)} updates ran, {warmup + updates} expected")
+    return spread(times[warmup:])
+
+
 def timed(fn, repeats: int = 3, warmup: int = 1) -> Spread:
     """Wall seconds of `fn()` over `repeats` calls after `warmup` untimed ones (tracing,
     caches)."""

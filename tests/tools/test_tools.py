@@ -7,6 +7,7 @@ import re
 import runpy
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,36 @@ def test_the_harness_reports_median_and_range():
     calls = []
     figure = timed(lambda: calls.append(1), repeats=4, warmup=2)
     assert len(calls) == 6 and 0 <= figure.low <= figure.median <= figure.high < 1
+
+
+def test_update_times_times_each_window_of_one_fit_epoch():
+    import numpy as np
+    import tensorflow as tf
+
+    from asrkit.models.transducer import Transducer
+    from asrkit.training.optimizers import build_optimizer
+    from asrkit.training.task import TransducerTask
+    from tests.tiny import tiny_model_config
+
+    sys.path.insert(0, str(TOOLS))
+    try:
+        from harness import update_times
+    finally:
+        sys.path.remove(str(TOOLS))
+    rng = np.random.default_rng(0)
+    micro = (rng.standard_normal((2, 32, 80)).astype(np.float32), np.array([32, 20]),
+             np.array([[1, 2], [3, 0]], np.int32), np.array([2, 1]))  # fmt: skip
+    task = TransducerTask(Transducer(9, tiny_model_config()))
+    task.compile(build_optimizer("adamw", 1e-3, 0.01), accumulation_steps=2)
+    window = tf.data.Dataset.from_tensors(micro).repeat(2)  # one update's two micro-batches
+    task.fit(window, verbose=0)
+    assert int(task.optimizer.iterations.numpy()) == 1
+    start = time.perf_counter()
+    figure = update_times(task, window, 3, warmup=2)
+    elapsed = time.perf_counter() - start
+    # two untimed updates, then three timed once each, within the call's own time
+    assert int(task.optimizer.iterations.numpy()) == 6
+    assert 0 < figure.low <= figure.median <= figure.high and 3 * figure.low < elapsed
 
 
 # The living benchmarks, each on tiny shapes: figures present and sane.
