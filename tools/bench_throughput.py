@@ -17,8 +17,9 @@ the share spent on products.
     python tools/bench_throughput.py [--configs fastconformer_rnnt_114m,parakeet_tdt_0.6b] \
         [--batch 2] [--seconds 10] [--labels 40] [--repeats 3] [--jit]
 
-Each figure is the median (min-max) of `--repeats` timed calls after a warm-up, all in one
-process on whatever the cores are doing: run it on an idle machine.
+Each figure is the median (min-max) of `--repeats` timed calls after a warm-up (the whole
+step: `--repeats` updates of one `fit` epoch after an untimed one, harness.update_times), all
+in one process on whatever the cores are doing: run it on an idle machine.
 """
 
 from __future__ import annotations
