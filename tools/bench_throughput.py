@@ -142,13 +142,20 @@ def main() -> None:
     parser.add_argument("--labels", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gemm", type=int, default=4096)
-    parser.add_argument("--precisions", default="float32,mixed_bfloat16")
+    parser.add_argument(
+        "--precisions",
+        default="float32,mixed_bfloat16",
+        help="comma-separated; one per process at 0.6 B (both exceed 24 GiB)",
+    )
     parser.add_argument("--jit", action="store_true", help="also time the step under XLA")
     args = parser.parse_args()
     chosen = args.configs.split(",")
     unknown = sorted(set(chosen) - set(CONFIGS))
     if unknown:
         parser.error(f"--configs: unknown {unknown} (known: {', '.join(CONFIGS)})")
+    odd = sorted(set(args.precisions.split(",")) - {"float32", "mixed_bfloat16"})
+    if odd:
+        parser.error(f"--precisions: unknown {odd} (known: float32, mixed_bfloat16)")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     peaks = {}

@@ -268,6 +268,14 @@ def test_bench_throughput_prints_the_peak_and_the_achieved_share():
     assert len(shares) == 4 and all(0 < s < 400 for s in shares), out  # 2 passes x 2 precisions
 
 
+@pytest.mark.parametrize("argument", ["--configs=tiny_conformer", "--precisions=float64"])
+def test_bench_throughput_refuses_an_unknown_config_or_precision(argument):
+    run = subprocess.run([sys.executable, str(TOOLS / "bench_throughput.py"), argument],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert f"unknown ['{argument.split('=')[1]}']" in run.stderr
+
+
 @pytest.mark.parametrize("per_utterance", [0.0, 37.5, 300.0, 5000.0])
 def test_the_largest_micro_batch_search_is_the_brute_force_answer(per_utterance, monkeypatch):
     """bench_vs_nemo's `fit` search, on a made-up peak that grows with the utterances (and
