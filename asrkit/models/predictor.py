@@ -110,11 +110,11 @@ def _sequence(lstm, x):
 
 def _lstm_step(z, c):
     """One LSTM step from the gates' pre-activations z [B, 4u] (i, f, c, o) and the cell
-    c -> (h, the new cell, the activated gates [B, 4u])."""
+    c -> (h, the new cell, the activated gates (i, f, g, o), each [B, u])."""
     i, f, g, o = tf.split(z, 4, axis=-1)
     i, f, g, o = tf.sigmoid(i), tf.sigmoid(f), tf.tanh(g), tf.sigmoid(o)
     c = f * c + i * g
-    return o * tf.tanh(c), c, tf.concat([i, f, g, o], axis=-1)
+    return o * tf.tanh(c), c, (i, f, g, o)
 
 
 @tf.custom_gradient
@@ -133,7 +133,8 @@ def lstm_recurrence(projected, recurrent_kernel):
 
     def forward(carry, z):
         h, c, _ = carry
-        return _lstm_step(z + tf.matmul(h, recurrent_kernel), c)
+        h, c, gates = _lstm_step(z + tf.matmul(h, recurrent_kernel), c)
+        return h, c, tf.concat(gates, axis=-1)  # kept for the backward pass
 
     h, c, gates = tf.scan(forward, inputs, initializer=(zeros, zeros, tf.zeros_like(inputs[0])))
 
