@@ -20,6 +20,9 @@ One call of the train function ("a window") then:
 
 The decision is taken in Python between two compiled functions, on values identical on
 every replica and worker, so no control flow ever surrounds a cross-replica sync point.
+On one device without a strategy, a window of one micro-batch needs no accumulators: the
+compiled call that computes its gradient and statistics hands the gradient back, and the
+update call takes it.
 The optimizer is applied in replica context with the already-reduced gradient, and Keras
 is kept from all-reducing it a second time. The private Keras hooks this needs are all in
 `asrkit.training.keras_hooks`.
@@ -57,8 +60,10 @@ class _EngineState:
     """Variables the engine needs; a plain object so Keras does not track the accumulators
     as model weights (they are zero at every window boundary, so never worth saving)."""
 
-    def __init__(self, model: keras.Model, optimizer, settings: AccumulationSettings):
-        variables = model.trainable_variables
+    def __init__(
+        self, model: keras.Model, optimizer, settings: AccumulationSettings, accumulate: bool
+    ):
+        variables = model.trainable_variables if accumulate else []
         with model.distribute_strategy.scope():
             self.grads = [
                 tf.Variable(
@@ -119,6 +124,7 @@ class AccumulatingModel(keras.Model):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._engine = None
+        self._single = False  # see `_single_micro_batches`
         # The epoch iterators of the fit/evaluate calls running now (a plain list, out of
         # Keras' attribute tracking), released as each call returns.
         object.__setattr__(self, "_epoch_iterators", [])
@@ -184,7 +190,10 @@ class AccumulatingModel(keras.Model):
                 self.compute_loss_terms(example_batch, training=False)
                 self.built = True
             self.optimizer.build(self.trainable_variables)
-            self._engine = _EngineState(self, self.optimizer, self._accumulation)
+            self._single = _single_micro_batches(self)
+            self._engine = _EngineState(
+                self, self.optimizer, self._accumulation, accumulate=not self._single
+            )
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras' version draws the first distributed batch and reduces it with MEAN across
@@ -258,11 +267,10 @@ class AccumulatingModel(keras.Model):
         wrap = (lambda f: f) if self.run_eagerly else partial(tf.function, autograph=False)
         micro, reduce = wrap(self._micro_function), wrap(self._reduce_function)
         apply, skip = wrap(self._apply_window), wrap(self._skip_window)
+        single_gradient, apply_gradient = (wrap(self._single_gradient), wrap(self._apply_gradient))
         steps, limit = self._accumulation.steps, self._accumulation.max_consecutive_skips
 
-        def train_function(iterator):
-            if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-                raise TypeError("AccumulatingModel trains from a dataset iterator (use fit)")
+        def window(iterator) -> _WindowStats:
             consumed = 0
             while consumed < steps:
                 try:
@@ -280,6 +288,25 @@ class AccumulatingModel(keras.Model):
                 apply(stats.loss_sum, stats.count)
             else:
                 skip(stats.finite)
+            return stats
+
+        def single_window(iterator) -> _WindowStats:
+            try:
+                grads, stats = single_gradient(iterator)
+            except tf.errors.OutOfRangeError:
+                raise StopIteration from None
+            stats = _WindowStats(*stats)
+            if bool(stats.ok):
+                apply_gradient(grads, stats.loss_sum, stats.count)
+            else:
+                skip(stats.finite)
+            del grads  # the gradient lives from one call to the next, no longer
+            return stats
+
+        def train_function(iterator):
+            if not isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+                raise TypeError("AccumulatingModel trains from a dataset iterator (use fit)")
+            stats = single_window(iterator) if self._single else window(iterator)
             consecutive = int(self._engine.consecutive.numpy())
             if consecutive > limit:
                 raise RuntimeError(
@@ -312,6 +339,25 @@ class AccumulatingModel(keras.Model):
     def _micro_step(self, data):
         """Replica context: accumulate d(loss_scale · loss_sum)/dw; no collective, no branch."""
         engine = self._engine
+        grads, loss_sum, count = self._gradient(data)
+        # A replica's share of a micro-batch smaller than the replica count is empty. Some
+        # kernels (TensorFlow's CPU depthwise-convolution filter gradient among them) then
+        # return their output buffer unwritten: finite garbage that no finiteness check
+        # catches. An empty share contributes exactly nothing, whatever the kernels did: its
+        # terms are selected away (not multiplied by 0: the garbage may be inf or NaN).
+        # Against a scalar 0, not `zeros_like(grad)`: Grappler folds that into a constant of
+        # the gradient's shape, and the graph would hold a weights-sized set of zeros.
+        present = share_is_present(data)
+        for acc, grad in zip(engine.grads, grads, strict=True):
+            if grad is not None:
+                acc.assign_add(tf.where(present, grad, 0.0))
+        engine.loss_sum.assign_add(tf.where(present, loss_sum, 0.0))
+        engine.count.assign_add(tf.where(present, count, 0.0))
+
+    def _gradient(self, data):
+        """Replica context: (float32 d loss_sum / dw per trainable variable, None where a
+        variable has none; loss_sum; count) of one micro-batch share."""
+        engine = self._engine
         variables = self.trainable_variables
         with tf.GradientTape() as tape:
             loss_sum, count = self.compute_loss_terms(data, training=True)
@@ -325,22 +371,13 @@ class AccumulatingModel(keras.Model):
                 target = loss_sum * factor
             else:
                 factor, target = None, loss_sum
-        grads = tape.gradient(target, variables)
-        # A replica's share of a micro-batch smaller than the replica count is empty. Some
-        # kernels (TensorFlow's CPU depthwise-convolution filter gradient among them) then
-        # return their output buffer unwritten: finite garbage that no finiteness check
-        # catches. An empty share contributes exactly nothing, whatever the kernels did: its
-        # terms are selected away (not multiplied by 0: the garbage may be inf or NaN).
-        # Against a scalar 0, not `zeros_like(grad)`: Grappler folds that into a constant of
-        # the gradient's shape, and the graph would hold a weights-sized set of zeros.
-        present = share_is_present(data)
-        for acc, grad in zip(engine.grads, grads, strict=True):
+        grads = []
+        for grad in tape.gradient(target, variables):
             if grad is not None:
                 grad = tf.cast(tf.convert_to_tensor(grad), tf.float32)
                 grad = grad if factor is None else grad / factor
-                acc.assign_add(tf.where(present, grad, 0.0))
-        engine.loss_sum.assign_add(tf.where(present, loss_sum, 0.0))
-        engine.count.assign_add(tf.where(present, count, 0.0))
+            grads.append(grad)
+        return grads, loss_sum, count
 
     def _reduce_window(self):
         """Replica context: one all-reduce, then identical maths on every replica.
@@ -352,33 +389,46 @@ class AccumulatingModel(keras.Model):
         local = [acc.read_value() for acc in engine.grads]
         local += [engine.loss_sum.read_value(), engine.count.read_value()]
         summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
-        grads, loss_sum, count = summed[:-2], summed[-2], summed[-1]
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-        finite = tf.logical_and(finite, tf.math.is_finite(loss_sum))
-        grads = [tf.math.divide_no_nan(g, count) for g in grads]
-        grad_norm = tf.linalg.global_norm(grads)
-        clip = self._accumulation.clip_global_norm
-        if clip is not None:
-            grads, _ = tf.clip_by_global_norm(grads, clip, use_norm=grad_norm)
+        grads, stats = self._window_statistics(summed[:-2], summed[-2], summed[-1])
         for acc, grad in zip(engine.grads, grads, strict=True):
             acc.assign(grad)
         engine.loss_sum.assign(0.0)
         engine.count.assign(0.0)
-        return loss_sum, count, grad_norm, finite, tf.logical_and(finite, count > 0)
+        return stats
+
+    def _window_statistics(self, sums, loss_sum, count):
+        """From the window's gradient sums, loss sum and item count (over all its
+        micro-batches and replicas): (the gradient to apply: sums / count, clipped by global
+        norm; _WindowStats)."""
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in sums])
+        finite = tf.logical_and(finite, tf.math.is_finite(loss_sum))
+        grads = [tf.math.divide_no_nan(g, count) for g in sums]
+        grad_norm = tf.linalg.global_norm(grads)
+        clip = self._accumulation.clip_global_norm
+        if clip is not None:
+            grads, _ = tf.clip_by_global_norm(grads, clip, use_norm=grad_norm)
+        return grads, _WindowStats(
+            loss_sum, count, grad_norm, finite, tf.logical_and(finite, count > 0)
+        )
 
     def _apply_window(self, loss_sum, count):
         """One optimizer update from the reduced window gradient left in the accumulators."""
-        strategy, engine = self.distribute_strategy, self._engine
+        strategy = self.distribute_strategy
         with strategy.scope(), gradients_already_reduced(self.optimizer):
             strategy.run(self._apply_replica)
-            engine.consecutive.assign(0)
-            engine.epoch_loss_sum.assign_add(loss_sum)
-            engine.epoch_count.assign_add(count)
-            if self._accumulation.loss_scale.enabled:
-                grown = engine.growth + 1 >= self._accumulation.loss_scale.growth_steps
-                scale = tf.where(grown, engine.loss_scale * 2.0, engine.loss_scale)
-                engine.loss_scale.assign(scale)
-                engine.growth.assign(tf.where(grown, tf.constant(0, tf.int64), engine.growth + 1))
+            self._count_update(loss_sum, count)
+
+    def _count_update(self, loss_sum, count) -> None:
+        """The engine's bookkeeping of an applied window."""
+        engine = self._engine
+        engine.consecutive.assign(0)
+        engine.epoch_loss_sum.assign_add(loss_sum)
+        engine.epoch_count.assign_add(count)
+        if self._accumulation.loss_scale.enabled:
+            grown = engine.growth + 1 >= self._accumulation.loss_scale.growth_steps
+            scale = tf.where(grown, engine.loss_scale * 2.0, engine.loss_scale)
+            engine.loss_scale.assign(scale)
+            engine.growth.assign(tf.where(grown, tf.constant(0, tf.int64), engine.growth + 1))
 
     def _apply_replica(self):
         grads = [acc.read_value() for acc in self._engine.grads]
@@ -387,16 +437,43 @@ class AccumulatingModel(keras.Model):
 
     def _skip_window(self, finite):
         """Nothing in the optimizer moves; the window is dropped whole, on every replica."""
-        strategy, engine = self.distribute_strategy, self._engine
+        strategy = self.distribute_strategy
         with strategy.scope():
             strategy.run(self._clear_accumulators)
-            engine.skipped.assign_add(1)
-            engine.consecutive.assign_add(1)
-            if self._accumulation.loss_scale.enabled:
-                overflow = tf.logical_not(finite)
-                halved = tf.maximum(engine.loss_scale * 0.5, 1.0)
-                engine.loss_scale.assign(tf.where(overflow, halved, engine.loss_scale))
-                engine.growth.assign(tf.where(overflow, tf.constant(0, tf.int64), engine.growth))
+            self._count_skip(finite)
+
+    def _count_skip(self, finite) -> None:
+        """The engine's bookkeeping of a skipped window (the loss scale halves on overflow)."""
+        engine = self._engine
+        engine.skipped.assign_add(1)
+        engine.consecutive.assign_add(1)
+        if self._accumulation.loss_scale.enabled:
+            overflow = tf.logical_not(finite)
+            halved = tf.maximum(engine.loss_scale * 0.5, 1.0)
+            engine.loss_scale.assign(tf.where(overflow, halved, engine.loss_scale))
+            engine.growth.assign(tf.where(overflow, tf.constant(0, tf.int64), engine.growth))
+
+    def _single_gradient(self, iterator):
+        """A window of one micro-batch on one device: (its gradient to apply, as a list of
+        tensors handed back to the caller; its _WindowStats). See `_single_micro_batches`."""
+        data = next(iterator)
+        grads, loss_sum, count = self._gradient(data)
+        # A variable the loss does not reach gets a zero gradient, as its (zero) accumulator
+        # would give it.
+        grads = [
+            tf.zeros(v.shape, tf.float32) if g is None else g
+            for g, v in zip(grads, self.trainable_variables, strict=True)
+        ]
+        grads, stats = self._window_statistics(grads, loss_sum, count)
+        # An empty micro-batch is skipped as having no items, whatever its kernels returned,
+        # never as an overflow.
+        finite = tf.logical_or(stats.finite, tf.logical_not(share_is_present(data)))
+        return grads, tuple(stats._replace(finite=finite))
+
+    def _apply_gradient(self, grads, loss_sum, count):
+        """One optimizer update from a gradient `_single_gradient` handed back."""
+        self.optimizer.apply(grads, self.trainable_variables)
+        self._count_update(loss_sum, count)
 
     def _clear_accumulators(self):
         # Each accumulator is filled with a zero read at run time, one after another. Not
@@ -424,6 +501,18 @@ class AccumulatingModel(keras.Model):
         if self._accumulation.loss_scale.enabled:
             logs["loss_scale"] = float(engine.loss_scale.numpy())
         return logs
+
+
+def _single_micro_batches(model: AccumulatingModel) -> bool:
+    """Windows of one micro-batch on one device without a strategy (nor XLA, which compiles
+    the micro-step alone) need no accumulators: the compiled gradient call hands the
+    window's gradient back to Python, which decides and passes it to the update call. Under
+    a strategy the gradient is per replica, and stays in the replicas' accumulators."""
+    settings = model.accumulation
+    if settings.steps != 1 or settings.jit_compile:
+        return False
+    with model.distribute_strategy.scope():
+        return not tf.distribute.has_strategy()
 
 
 def share_is_present(data) -> tf.Tensor:

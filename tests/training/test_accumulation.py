@@ -65,6 +65,49 @@ def test_single_device_equals_union_batch(name):
     assert history.history["window_loss"][0] == pytest.approx(losses[-1][0] / losses[-1][1])
 
 
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_one_micro_batch_windows_need_no_accumulators(name):
+    """Windows of one micro-batch on one device need no accumulators (none exists); each
+    update equals the reference's update from that micro-batch."""
+    batches = make_batches(SIZES)
+    model, initial, history = train(batches, OPTIMIZERS[name](), steps=1)
+    assert model._engine.grads == []
+    losses = []
+    want, ref_opt = reference_run(
+        initial, windows_of(batches, 1), OPTIMIZERS[name](), losses=losses
+    )
+    assert_weights_close(weights(model), want)
+    assert int(model.optimizer.iterations.numpy()) == 7 == int(ref_opt.iterations.numpy())
+    epoch_loss = sum(s for s, _ in losses) / sum(c for _, c in losses)
+    assert history.history["loss"][0] == pytest.approx(epoch_loss, rel=1e-5)
+    assert history.history["window_loss"][0] == pytest.approx(losses[-1][0] / losses[-1][1])
+
+
+def test_unaccumulated_windows_clip_and_skip_as_accumulated_ones():
+    """Windows of one micro-batch without accumulators: a NaN micro-batch and one with no
+    items are skipped (nothing in the optimizer moves for them), and the global-norm clip
+    binds, as in the reference."""
+    batches = make_batches([3, 4, 2, 5, 3], seed=3, zero_tokens={3})
+    x, y, tokens = batches[1]
+    batches[1] = (x, np.full_like(y, np.nan), tokens)
+    model, initial, history = train(
+        batches, keras.optimizers.SGD(0.1, momentum=0.9), steps=1, clip_global_norm=0.05
+    )
+    assert model._engine.grads == []
+    windows = windows_of(batches, 1)
+    want, ref_opt = reference_run(
+        initial, windows, keras.optimizers.SGD(0.1, momentum=0.9), clip=0.05, skip={1, 3}
+    )
+    unclipped, _ = reference_run(
+        initial, windows, keras.optimizers.SGD(0.1, momentum=0.9), skip={1, 3}
+    )
+    assert_weights_close(weights(model), want)
+    assert max(np.max(np.abs(a - b)) for a, b in zip(want, unclipped, strict=True)) > 1e-3
+    assert int(model.optimizer.iterations.numpy()) == 3 == int(ref_opt.iterations.numpy())
+    assert history.history["skipped_windows"][0] == 2
+    assert history.history["grad_norm"][0] > 0.05  # the clip did bind
+
+
 def test_per_micro_batch_means_would_differ():
     """Guard against a vacuous reference: averaging micro-batch means is measurably wrong."""
     batches = make_batches(SIZES)
@@ -344,4 +387,3 @@ def test_fit_validation_loss_equals_a_separate_evaluate():
     assert history.history["val_loss"][0] == pytest.approx(want, rel=1e-5)
     separate = model.evaluate(make_dataset(val_batches), verbose=0, return_dict=True)["loss"]
     assert separate == pytest.approx(want, rel=1e-5)
-
