@@ -81,10 +81,7 @@ def update_times(task, dataset, updates: int, warmup: int = 1) -> Spread:
     training runs them (`dataset`: one window's micro-batches, repeated here), from Keras'
     batch-begin to its batch-end callback, after `warmup` untimed updates of the same epoch
     (the first traces the step). What a `fit` call costs once, not per update, is
-    left out: its set-up, and its end of data — the call that meets the end raises inside
-    the step's graph, and TensorFlow formats that error from the whole graph's debug
-    information (0.3-0.8 s for a 114 M network's step; once per epoch in training, but
-    as much again for every update of a benchmark that calls `fit` once per update)."""
+    left out: its set-up and its end."""
     import keras
 
     times = []

@@ -247,6 +247,26 @@ def test_unknown_length_dataset_and_several_epochs():
     assert int(model.optimizer.iterations.numpy()) == 6
 
 
+@pytest.mark.parametrize("steps", [1, 3])
+def test_the_step_is_traced_once_for_every_batch_size_and_epoch(steps):
+    """Micro-batches of 3, 5, 2, ... items over two epochs: the loss is traced once (the
+    build's eager call aside), for the dataset's element spec, whichever path runs."""
+    traces = []
+
+    class Counting(TokenRegressor):
+        def compute_loss_terms(self, data, training=True):
+            traces.append(tf.executing_eagerly())
+            return super().compute_loss_terms(data, training)
+
+    batches = make_batches(SIZES)
+    model = Counting()
+    model.compile(keras.optimizers.SGD(0.1), accumulation_steps=steps)
+    model.build_engine(batches[0])
+    model.fit(make_dataset(batches), epochs=2, verbose=0)
+    assert traces.count(False) == 1
+    assert int(model.optimizer.iterations.numpy()) == 2 * len(windows_of(batches, steps))
+
+
 def test_jit_compile_equals_union_batch():
     batches = make_batches(SIZES)
     model, initial, _ = train(batches, keras.optimizers.Adam(0.05), steps=3, jit_compile=True)
