@@ -18,8 +18,9 @@ the share spent on products.
         [--batch 2] [--seconds 10] [--labels 40] [--repeats 3] [--jit]
 
 Each figure is the median (min-max) of `--repeats` timed calls after a warm-up (the whole
-step: `--repeats` updates of one `fit` epoch after an untimed one, harness.update_times), all
-in one process on whatever the cores are doing: run it on an idle machine.
+step: `--repeats` updates of one `fit` epoch after an untimed one, harness.update_times; then
+`--repeats` whole `fit` calls of one update each, so that what a call costs beyond its update
+shows), all in one process on whatever the cores are doing: run it on an idle machine.
 """
 
 from __future__ import annotations
@@ -219,6 +220,8 @@ def _measure(name, precision, jit, args, peaks) -> None:
          timed(lambda: [t.numpy() for t in encoder_fn(*batch[:2])[:1]], repeats=args.repeats)),
         ("whole step (one update of a fit epoch)", step_flops,
          update_times(task, dataset, args.repeats)),
+        ("a whole fit call of one update (its set-up and the epoch's end too)", step_flops,
+         timed(lambda: task.fit(dataset, verbose=0), repeats=args.repeats, warmup=0)),
     ]  # fmt: skip
     peak = peaks["bfloat16" if "bfloat16" in precision else "float32"]
     for what, flops, spent in figures:
