@@ -59,6 +59,7 @@ def run(
     import tensorflow as tf
 
     from asrkit.config import load_config
+    from asrkit.data.pipeline import without_autotuning
     from asrkit.models.transducer import Transducer
     from asrkit.training.memory_meter import allocator_peak
     from asrkit.training.task import TransducerTask
@@ -86,7 +87,7 @@ def run(
     task = kind(Transducer(vocab, experiment.model), experiment.loss)
     task.compile(keras.optimizers.AdamW(1e-4), accumulation_steps=1)
     task.build_engine(data)
-    dataset = tf.data.Dataset.from_tensors(data)
+    dataset = without_autotuning(tf.data.Dataset.from_tensors(data))
     task.fit(dataset, verbose=0)  # warm-up: tracing and the first allocation
     times = []
 

@@ -42,6 +42,7 @@ def main() -> None:
     import tensorflow as tf
 
     from asrkit.config import load_config
+    from asrkit.data.pipeline import without_autotuning
     from asrkit.models.transducer import Transducer
     from asrkit.training.task import TransducerTask
 
@@ -64,7 +65,7 @@ def main() -> None:
         model.compile(keras.optimizers.AdamW(1e-4), accumulation_steps=1)
         model.build_engine(batch)
         params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-        data = tf.data.Dataset.from_tensors(batch)
+        data = without_autotuning(tf.data.Dataset.from_tensors(batch))
         step = timed(lambda: model.fit(data, verbose=0), repeats=args.repeats)  # noqa: B023
         print(
             f"{name:12s} {params / 1e6:6.2f} M parameters, {step.format('.3f')} s per "

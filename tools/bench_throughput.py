@@ -177,6 +177,7 @@ def _measure(name, precision, jit, args, peaks) -> None:
     import tensorflow as tf
 
     from asrkit.config import load_config
+    from asrkit.data.pipeline import without_autotuning
     from asrkit.models.transducer import Transducer
     from asrkit.training.optimizers import build_optimizer
     from asrkit.training.task import TransducerTask
@@ -214,7 +215,7 @@ def _measure(name, precision, jit, args, peaks) -> None:
     encoder_fn = tf.function(encoder_pass, jit_compile=jit, autograph=False)
     encoder_flops = executed_flops(encoder_pass, *batch[:2])
     step_flops = executed_flops(step_pass, batch)
-    dataset = tf.data.Dataset.from_tensors(batch)
+    dataset = without_autotuning(tf.data.Dataset.from_tensors(batch))
     figures = [
         ("encoder fwd+bwd", encoder_flops,
          timed(lambda: [t.numpy() for t in encoder_fn(*batch[:2])[:1]], repeats=args.repeats)),

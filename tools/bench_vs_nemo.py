@@ -111,6 +111,7 @@ def _asrkit(request: dict) -> dict:
     import numpy as np
     import tensorflow as tf
 
+    from asrkit.data.pipeline import without_autotuning
     from asrkit.experiment import load_experiment
 
     # imported once, by the parent: not in this process' peak, removed after the comparisons
@@ -217,7 +218,7 @@ def _asrkit(request: dict) -> dict:
         for j, (f, x) in enumerate(zip(feats, labels, strict=True)):
             features[j, : len(f)], targets[j, : len(x)] = f, x
         batch = (features, lengths, targets, label_lengths)
-        data = tf.data.Dataset.from_tensors(batch)
+        data = without_autotuning(tf.data.Dataset.from_tensors(batch))
         seconds = sum(len(w) for w in waves[:TRAIN_BATCH]) / 16000
         loss = experiment.config.loss
         for name, settings in (("", loss), (", plain joint + loss", replace(loss, fused=False))):
@@ -249,6 +250,7 @@ def _asrkit_step(exp: Path, request: dict) -> dict:
     import tensorflow as tf
 
     from asrkit.config import load_config
+    from asrkit.data.pipeline import without_autotuning
     from asrkit.experiment import build_network
     from asrkit.training.memory_meter import allocator_peak
     from asrkit.training.optimizers import build_optimizer
@@ -278,7 +280,7 @@ def _asrkit_step(exp: Path, request: dict) -> dict:
     out["allocator before the step MiB"] = (
         tf.config.experimental.get_memory_info("CPU:0")["current"] / 2**20
     )
-    data = tf.data.Dataset.from_tensors(batch)
+    data = without_autotuning(tf.data.Dataset.from_tensors(batch))
     task.fit(data, verbose=0)  # the warm-up: tracing
     if request.get("peak_only"):  # `fit`: one more update, then only the process peak
         task.fit(data, verbose=0)
