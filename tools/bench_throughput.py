@@ -20,7 +20,9 @@ the share spent on products.
 Each figure is the median (min-max) of `--repeats` timed calls after a warm-up (the whole
 step: `--repeats` updates of one `fit` epoch after an untimed one, harness.update_times; then
 `--repeats` whole `fit` calls of one update each, so that what a call costs beyond its update
-shows), all in one process on whatever the cores are doing: run it on an idle machine.
+shows; `--autotuned-data` feeds `fit` a dataset with tf.data's autotuning on, as a dataset
+has it by default), all in one process on whatever the cores are doing: run it on an idle
+machine.
 """
 
 from __future__ import annotations
@@ -149,6 +151,12 @@ def main() -> None:
         help="comma-separated; one per process at 0.6 B (both exceed 24 GiB)",
     )
     parser.add_argument("--jit", action="store_true", help="also time the step under XLA")
+    parser.add_argument(
+        "--autotuned-data",
+        action="store_true",
+        help="feed fit a dataset with tf.data's autotuning on (its default; asrkit's "
+        "pipelines turn it off): shows its wait at a fit call's end",
+    )
     args = parser.parse_args()
     chosen = args.configs.split(",")
     unknown = sorted(set(chosen) - set(CONFIGS))
@@ -215,7 +223,8 @@ def _measure(name, precision, jit, args, peaks) -> None:
     encoder_fn = tf.function(encoder_pass, jit_compile=jit, autograph=False)
     encoder_flops = executed_flops(encoder_pass, *batch[:2])
     step_flops = executed_flops(step_pass, batch)
-    dataset = without_autotuning(tf.data.Dataset.from_tensors(batch))
+    dataset = tf.data.Dataset.from_tensors(batch)
+    dataset = dataset if args.autotuned_data else without_autotuning(dataset)
     figures = [
         ("encoder fwd+bwd", encoder_flops,
          timed(lambda: [t.numpy() for t in encoder_fn(*batch[:2])[:1]], repeats=args.repeats)),
