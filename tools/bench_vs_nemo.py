@@ -37,9 +37,9 @@ Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, N
   TransducerTask with the imported loss settings. Per side: RSS after loading, RSS with
   the training state (after NeMo's first update: its AdamW slots exist only from then),
   the time per update (asrkit's inside a `fit` epoch: harness.update_times), the process
-  peak; for asrkit also the allocator's bytes before the step and its exact peak during it
-  (what a GPU would hold; PyTorch's profiler timeline, which would give NeMo's, needed more
-  than 24 GB for one 114 M update). asrkit runs twice: in the
+  peak, and the tensors' bytes before the step and their peak during it (what a GPU would
+  hold): asrkit's from its allocator, NeMo's counted op by op as PyTorch makes and frees
+  them (a dispatch mode, in one more update after the timed ones). asrkit runs twice: in the
   measuring environment (oneDNN off: exact allocator peaks) and as its commands run
   (`AS_COMMANDS_RUN`, oneDNN on: the time users get; oneDNN's scratch is then outside the
   allocator's figures).
@@ -514,7 +514,74 @@ def _nemo_step(model, request: dict) -> dict:
     out["update s"] = timed(update, repeats=ROUNDS, warmup=0).median
     out["peak RSS MiB"] = _peak_rss_mib()
     out["peak RSS above loading MiB"] = out["peak RSS MiB"] - out["RSS after loading MiB"]
+    optimizer.zero_grad(set_to_none=True)  # the state between updates: weights, slots
+    held = _torch_storages([*model.parameters(), *(
+        value for state in optimizer.state.values() for value in state.values()
+    )])  # fmt: skip
+    out["tensors before the step MiB"] = sum(held.values()) / 2**20
+    out["tensor step peak MiB"] = _torch_step_peak(update, held) / 2**20
+    out["tensor peak MiB"] = out["tensors before the step MiB"] + out["tensor step peak MiB"]
     return out
+
+
+def _torch_storages(tensors) -> dict:
+    """{storage address: bytes} of the tensors among `tensors`, each storage once."""
+    import torch
+
+    storages = (t.untyped_storage() for t in tensors if isinstance(t, torch.Tensor))
+    return {s.data_ptr(): s.nbytes() for s in storages if s.nbytes()}
+
+
+def _torch_step_peak(update, held: dict) -> int:
+    """The most bytes of tensors that `update()` makes and holds at once, beyond the
+    storages in `held`: every op's outputs are counted as they are made (a dispatch mode
+    sees the operators of the forward and the backward pass alike) and a storage is
+    dropped when the last tensor on it is freed. No allocator's caching, rounding or
+    scratch space: the bytes a GPU would have to hold, PyTorch's counterpart to asrkit's
+    allocator peak."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class LiveBytes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.storages = {}  # address -> [bytes, tensors alive on it]
+            self.seen = set()  # ids of the tensors counted
+            self.now = self.peak = 0
+
+        def _gone(self, tensor_id, address):
+            self.seen.discard(tensor_id)
+            entry = self.storages[address]
+            entry[1] -= 1
+            if not entry[1]:
+                self.now -= entry[0]
+                del self.storages[address]
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            for t in tree_flatten(result)[0]:
+                if not isinstance(t, torch.Tensor) or id(t) in self.seen:
+                    continue
+                storage = t.untyped_storage()
+                address, size = storage.data_ptr(), storage.nbytes()
+                if not size or address in held:
+                    continue
+                entry = self.storages.setdefault(address, [size, 0])
+                if not entry[1]:
+                    self.now += size
+                    self.peak = max(self.peak, self.now)
+                entry[1] += 1
+                self.seen.add(id(t))
+                weakref.finalize(t, self._gone, id(t), address)
+            return result
+
+    counter = LiveBytes()
+    with counter:
+        update()
+    return counter.peak
 
 
 def _run_nemo(nemo_python: str, request: dict) -> dict:
