@@ -159,8 +159,8 @@ class SelfAttention(CompositeLayer):
 
     def _attend(self, scores, v, keep, training, seed):
         batch, frames = tf.shape(scores)[0], tf.shape(scores)[2]
-        scores = tf.where(keep, scores / math.sqrt(self.head_dim), _MASKED)
-        weights = tf.where(keep, tf.nn.softmax(scores, axis=-1), 0.0)
+        scale = math.sqrt(self.head_dim)
+        weights = (masked_softmax_trained if training else masked_softmax)(scores, keep, scale)
         weights = seeded_dropout(
             tf.cast(weights, v.dtype), self.dropout, seed_or_zeros(seed), 0, training
         )
@@ -176,6 +176,36 @@ class SelfAttention(CompositeLayer):
             "positions": self.positions,
             "use_bias": self.use_bias,
         }
+
+
+def masked_softmax(scores, keep, scale: float):
+    """Attention weights from float32 scores [B, H, Tq, Tk]: the softmax over the keys of
+    scores / scale where `keep` (broadcast to the scores), exactly 0 elsewhere and on a
+    query with no key kept."""
+    weights = tf.nn.softmax(tf.where(keep, scores / scale, _MASKED), axis=-1)
+    return tf.where(keep, weights, 0.0)
+
+
+def masked_softmax_trained(scores, keep, scale: float):
+    """`masked_softmax` with its gradient written out: the backward pass keeps only the
+    weights (which the product with the values keeps anyway), where differentiating the
+    ops would also keep the scores and the softmax's own copy of the weights: two
+    [B, H, Tq, Tk] float32 tensors per block fewer (a 114 M FastConformer on 4 x 20 s:
+    270 MiB)."""
+
+    @tf.custom_gradient
+    def weighted(scores):
+        weights = masked_softmax(scores, keep, scale)
+
+        def grad(upstream):
+            upstream = tf.cast(upstream, weights.dtype)
+            inner = tf.reduce_sum(upstream * weights, axis=-1, keepdims=True)
+            # masked keys have weight 0, so their scores get no gradient
+            return weights * (upstream - inner) / scale
+
+        return weights, grad
+
+    return weighted(scores)
 
 
 def _take_per_row(x, columns):

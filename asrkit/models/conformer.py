@@ -325,7 +325,7 @@ class ConformerEncoder(Encoder):
         training with several look-aheads (`lookahead_chunk_frames`)."""
         if features.shape[-1] is not None:
             self.feature_dim = int(features.shape[-1])  # a stream's feature buffer's width
-        x, lengths = self.subsampling(features, feature_lengths)
+        x, lengths = self.subsampling(features, feature_lengths, training=training)
         x = self._scaled(x)
         allowed = chunk = None
         positions = tf.range(tf.shape(x)[1])

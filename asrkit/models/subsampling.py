@@ -25,7 +25,7 @@ import keras
 import tensorflow as tf
 
 from asrkit.features import MIN_FEATURE_FRAMES, conv_frames, encoder_frames, halved_frames
-from asrkit.models.layers import DEPTHWISE_DTYPE, CompositeLayer, zero_padding
+from asrkit.models.layers import DEPTHWISE_DTYPE, CompositeLayer, relu_keeping_signs, zero_padding
 
 STRIDINGS = ("striding", "dw_striding")
 
@@ -42,7 +42,8 @@ class ConvSubsampling(CompositeLayer):
         self.conv2 = keras.layers.Conv2D(filters, 3, strides=2, padding="valid", activation="relu")
         self.project = keras.layers.Dense(output_dim)
 
-    def call(self, features, lengths):
+    def call(self, features, lengths, training=False):
+        """`training`: unused (the convolutions' own ReLUs)."""
         # TF's Conv2D fails on an empty batch, which is what a replica gets as its share of a
         # global micro-batch smaller than the replica count: one silent row is always
         # appended and sliced off again (no tf.cond, so XLA still knows every shape).
@@ -126,12 +127,14 @@ class StridingSubsampling(CompositeLayer):
             self.pointwise = [keras.layers.Conv2D(filters, 1) for _ in range(self.halvings - 1)]
         self.out = keras.layers.Dense(output_dim, name="out")
 
-    def call(self, features, lengths, valid_from=0, streams=False):
+    def call(self, features, lengths, valid_from=0, streams=False, training=False):
         """`valid_from`: the leading input frames that stand for padding before the
         utterance (zeroed at every layer's input, as the convolutions' own padding would
         be); a multiple of the factor. `streams`: never an empty batch (a stream's step),
-        so no guard for one (LiteRT has none of its ops)."""
+        so no guard for one (LiteRT has none of its ops). `training`: ReLUs whose backward
+        pass keeps one byte per value (the same values)."""
         conv_of = (lambda conv, x: tf.cast(conv(x), x.dtype)) if streams else _conv
+        relu = relu_keeping_signs if training else tf.nn.relu
         x = tf.expand_dims(features, -1)  # [B, T, F, 1]: time and frequency as image axes
         pad = [[0, 0], [2, 1], [2, 1], [0, 0]] if self.causal else [[0, 0], [1, 1], [1, 1], [0, 0]]
         for i, conv in enumerate(self.convs):
@@ -140,7 +143,7 @@ class StridingSubsampling(CompositeLayer):
             lengths = halved_frames(lengths, 1, self.causal)
             if self.kind == "dw_striding" and i > 0:
                 x = conv_of(self.pointwise[i - 1], zero_padding(x, lengths))
-            x = tf.nn.relu(x)
+            x = relu(x)
         x = _from(zero_padding(x, lengths), valid_from // self.factor)
         shape = tf.shape(x)  # [B, T', F', C] -> channel-major [B, T', C * F']
         x = tf.reshape(tf.transpose(x, [0, 1, 3, 2]), [shape[0], shape[1], -1])

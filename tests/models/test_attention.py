@@ -1,7 +1,8 @@
 """Self-attention with relative positions against NeMo's own RelPositionMultiHeadAttention
 (its weights read from the fixture's PyTorch checkpoint by asrkit's reader), the relative
-shift against its definition, and a stream's attention (history keys, distances taken by
-index) against the whole sequence's under chunk masks, for both position encodings."""
+shift against its definition, the masked softmax's written gradient against NumPy's
+differences, and a stream's attention (history keys, distances taken by index) against the
+whole sequence's under chunk masks, for both position encodings."""
 
 from pathlib import Path
 
@@ -10,7 +11,13 @@ import pytest
 import tensorflow as tf
 
 from asrkit.importers.torch_checkpoint import read_torch_checkpoint
-from asrkit.models.attention import SelfAttention, relative_embeddings, relative_shift
+from asrkit.models.attention import (
+    SelfAttention,
+    masked_softmax,
+    masked_softmax_trained,
+    relative_embeddings,
+    relative_shift,
+)
 from asrkit.models.conformer import chunk_mask
 
 NEMO = Path(__file__).resolve().parents[1] / "data" / "nemo"
@@ -27,6 +34,45 @@ def test_the_relative_shift_puts_distance_i_minus_j_in_column_j():
             np.testing.assert_array_equal(
                 shifted[..., i, j], by_distance[..., i, frames - 1 - (i - j)]
             )
+
+
+def _softmax_loss64(scores, keep, scale, upstream):
+    """float64 NumPy: sum(upstream * masked softmax(scores / scale)) per the definition."""
+    z = np.where(keep, scores / scale, -np.inf)
+    z = z - np.max(np.where(keep, z, -1e300), axis=-1, keepdims=True)
+    e = np.where(keep, np.exp(z), 0.0)
+    total = e.sum(axis=-1, keepdims=True)
+    weights = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return float((upstream * weights).sum())
+
+
+def test_the_masked_softmax_gradient_is_the_derivative_of_its_weights():
+    rng = np.random.default_rng(3)
+    scores = rng.standard_normal((2, 2, 4, 5)) * 3
+    keep = rng.random((2, 1, 4, 5)) > 0.3
+    keep[1, 0, 2] = False  # a query with no key left: weights and gradient 0
+    upstream = rng.standard_normal((2, 2, 4, 5))
+    scale = 2.0
+    s = tf.constant(scores, tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(s)
+        trained = masked_softmax_trained(s, tf.constant(keep), scale)
+        plain = masked_softmax(s, tf.constant(keep), scale)
+        trained_loss = tf.reduce_sum(trained * upstream)
+        plain_loss = tf.reduce_sum(plain * upstream)
+    np.testing.assert_array_equal(trained.numpy(), plain.numpy())
+    got = tape.gradient(trained_loss, s).numpy()
+    np.testing.assert_allclose(got, tape.gradient(plain_loss, s).numpy(), atol=1e-6)
+    expected = np.zeros_like(scores)  # central differences in float64
+    step = 1e-6
+    for index in np.ndindex(scores.shape):
+        up, down = scores.copy(), scores.copy()
+        up[index] += step
+        down[index] -= step
+        expected[index] = (_softmax_loss64(up, keep, scale, upstream)
+                           - _softmax_loss64(down, keep, scale, upstream)) / (2 * step)  # fmt: skip
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert np.abs(expected).max() > 0.1 and not got[1, :, 2].any()
 
 
 def test_attention_equals_nemos_on_a_padded_batch():

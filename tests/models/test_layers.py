@@ -1,6 +1,7 @@
 """One harness for every registered layer: config round trip, eager == graph,
 serialization, mixed precision (a test enumerates Keras' registry, so a new layer without a
-harness entry fails); plus padding invariance of the encoders and the transducer loss."""
+harness entry fails); plus padding invariance of the encoders and the transducer loss, and
+the padding mask and ReLU whose gradients keep less, against their plain definitions."""
 
 import dataclasses
 import importlib
@@ -17,7 +18,7 @@ from asrkit.models.attention import SelfAttention
 from asrkit.models.conformer import ConformerBlock, ConformerEncoder, FeedForward
 from asrkit.models.convolution import ConvolutionModule
 from asrkit.models.joint import Joint, SimpleJoiner
-from asrkit.models.layers import BatchNorm, zero_padding
+from asrkit.models.layers import BatchNorm, relu_keeping_signs, zero_padding
 from asrkit.models.lstm_encoder import LSTMEncoder
 from asrkit.models.predictor import LSTMPredictor, StatelessPredictor, TorchLSTMCell
 from asrkit.models.subsampling import ConvSubsampling, StridingSubsampling
@@ -447,3 +448,31 @@ def test_a_stochastic_depth_step_skips_or_keeps_each_block_whole():
             np.testing.assert_allclose(trained, kept, atol=1e-4)
             seen.add("kept")
     assert seen == {"skipped", "kept"}
+
+
+def test_zero_padding_selects_frames_and_its_gradient_passes_only_real_ones():
+    x = tf.constant(np.where(np.arange(9)[None, :, None] < 7, X, np.nan).astype(np.float32))
+    lengths = tf.constant([7, 4])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        out = zero_padding(x, lengths)
+        upstream = tf.constant(RNG.standard_normal(X.shape).astype(np.float32))
+        total = tf.reduce_sum(out * upstream)
+    real = (np.arange(9)[None, :] < np.array([7, 4])[:, None])[..., None]
+    np.testing.assert_array_equal(out.numpy(), np.where(real, x.numpy(), 0.0))  # NaN padding: 0
+    np.testing.assert_array_equal(tape.gradient(total, x).numpy(), np.where(real, upstream, 0.0))
+
+
+def test_relu_keeping_signs_is_relu_forward_and_backward():
+    x = tf.constant(np.concatenate([X.ravel(), [0.0, -0.0]]).astype(np.float32))
+    upstream = tf.constant(RNG.standard_normal(x.shape).astype(np.float32))
+    grads = []
+    for fn in (relu_keeping_signs, tf.nn.relu):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = fn(x)
+            total = tf.reduce_sum(out * upstream)
+        grads.append(tape.gradient(total, x).numpy())
+        np.testing.assert_array_equal(out.numpy(), np.maximum(x.numpy(), 0.0))
+    np.testing.assert_array_equal(grads[0], grads[1])
+    np.testing.assert_array_equal(grads[0], np.where(x.numpy() > 0, upstream.numpy(), 0.0))
