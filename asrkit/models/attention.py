@@ -191,7 +191,7 @@ def masked_softmax_trained(scores, keep, scale: float):
     weights (which the product with the values keeps anyway), where differentiating the
     ops would also keep the scores and the softmax's own copy of the weights: two
     [B, H, Tq, Tk] float32 tensors per block fewer (a 114 M FastConformer on 4 x 20 s:
-    270 MiB)."""
+    17 blocks x 2 x 7.6 MiB)."""
 
     @tf.custom_gradient
     def weighted(scores):
