@@ -175,7 +175,7 @@ train() {
 }
 best_average() {  # the --best checkpoints by dev WER (fewer if fewer epochs have one)
   local have
-  have=$(grep -l '"dev_wer": [0-9]' exp/checkpoints/ckpt-*/state.json 2>/dev/null | wc -l)
+  have=$(grep -l '"dev_wer": [0-9]' exp/checkpoints/ckpt-*[0-9]/state.json 2>/dev/null | wc -l)
   (( have > 0 )) || fail "exp/checkpoints: no checkpoint has a dev WER (no dev set?)"
   rm -rf exp/best
   "$asrkit" average --exp-dir exp --best $(( have < best ? have : best )) --out exp/best

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.checkpoints import CheckpointManager, checkpoint_damage
+from asrkit.checkpoints import CheckpointManager, checkpoint_damage, list_checkpoints
 from asrkit.config import load_config
 from asrkit.data.manifest import read_manifest
 from asrkit.data.records import write_shards
@@ -350,10 +350,11 @@ def _start_training(workdir, exp, **popen):
 
 
 def _wait_for_checkpoints(exp, count: int, seconds: float = 120) -> None:
-    # (a CheckpointManager here would sweep the run's .tmp dirs)
+    # Complete checkpoints only: a `ckpt-*.tmp` being written holds a state.json too.
+    # (list_checkpoints only reads; a CheckpointManager would sweep the run's .tmp dirs.)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if len(list(exp.glob("checkpoints/ckpt-*/state.json"))) >= count:
+        if len(list_checkpoints(exp / "checkpoints")) >= count:
             return
         time.sleep(0.05)
 
