@@ -1,7 +1,10 @@
 """How close a training step comes to what this machine's cores can do.
 
-First the measured peak of dense matrix products: a plain square `tf.matmul` (`--gemm`,
-4096 by default) in float32 and bfloat16, median of `--repeats`. Then, for each config,
+The peak of dense matrix products is measured with a plain square `tf.matmul` (`--gemm`,
+4096 by default) in float32 and bfloat16, median of `--repeats`, once before the model
+figures and once after them; the shares are of the faster of the two (on a shared machine
+the same GEMM has run 1.5x slower for minutes at a time, which would flatter the share).
+Then, for each config,
 the achieved FLOP/s of
 - the encoder's forward + backward (the gradient of a sum of its output with respect to
   every trainable weight and the features), and
@@ -167,19 +170,37 @@ def main() -> None:
         parser.error(f"--precisions: unknown {odd} (known: float32, mixed_bfloat16)")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+    peaks = _peaks(args, "before", {})
+    measured = [
+        _measure(name, precision, jit, args)
+        for name in chosen
+        for precision in args.precisions.split(",")
+        for jit in ((False, True) if args.jit else (False,))
+    ]
+    peaks = _peaks(args, "after", peaks)
+    print(f"shares of the faster peak: float32 {peaks['float32']:.0f} GFLOP/s, "
+          f"bfloat16 {peaks['bfloat16']:.0f} GFLOP/s")  # fmt: skip
+    for label, precision, achieved in (row for rows in measured for row in rows):
+        peak = peaks["bfloat16" if "bfloat16" in precision else "float32"]
+        print(f"{label}: {achieved:.0f} GFLOP/s = "
+              f"{100 * achieved / peaks['float32']:.0f} % of the float32 peak"
+              + (f", {100 * achieved / peak:.0f} % of the bfloat16 peak"
+                 if peak != peaks["float32"] else ""), flush=True)  # fmt: skip
+
+
+def _peaks(args, when: str, before: dict) -> dict:
+    """The GEMM peak per dtype, printed; with `before`, the faster of the two runs."""
     peaks = {}
     for dtype in ("float32", "bfloat16"):
         spent, flops = _gemm_peak(args.gemm, dtype, args.repeats)
-        peaks[dtype] = flops / spent.median / 1e9
-        print(f"peak  {dtype:9s} {args.gemm}^3 matmul: {spent.format('.3f')} s "
-              f"-> {peaks[dtype]:.0f} GFLOP/s", flush=True)  # fmt: skip
-    for name in chosen:
-        for precision in args.precisions.split(","):
-            for jit in (False, True) if args.jit else (False,):
-                _measure(name, precision, jit, args, peaks)
+        peaks[dtype] = max(flops / spent.median / 1e9, before.get(dtype, 0.0))
+        print(f"peak  {dtype:9s} {args.gemm}^3 matmul, {when}: {spent.format('.3f')} s "
+              f"-> {flops / spent.median / 1e9:.0f} GFLOP/s", flush=True)  # fmt: skip
+    return peaks
 
 
-def _measure(name, precision, jit, args, peaks) -> None:
+def _measure(name, precision, jit, args) -> list[tuple[str, str, float]]:
+    """Prints each figure as it is measured; returns (label, precision, GFLOP/s) per figure."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -233,15 +254,15 @@ def _measure(name, precision, jit, args, peaks) -> None:
         ("a whole fit call of one update (its set-up and the epoch's end too)", step_flops,
          timed(lambda: task.fit(dataset, verbose=0), repeats=args.repeats, warmup=0)),
     ]  # fmt: skip
-    peak = peaks["bfloat16" if "bfloat16" in precision else "float32"]
+    rows = []
     for what, flops, spent in figures:
+        label = f"{name} {precision}{' XLA' if jit else ''} {what}"
         achieved = flops / spent.median / 1e9
-        print(f"{name} {precision}{' XLA' if jit else ''} {what}: {flops / 1e9:.0f} GFLOP in "
-              f"{spent.format('.3f')} s -> {achieved:.0f} GFLOP/s = "
-              f"{100 * achieved / peaks['float32']:.0f} % of the float32 peak"
-              + (f", {100 * achieved / peak:.0f} % of the bfloat16 peak"
-                 if peak != peaks["float32"] else ""), flush=True)  # fmt: skip
+        print(f"{label}: {flops / 1e9:.0f} GFLOP in {spent.format('.3f')} s "
+              f"({achieved:.0f} GFLOP/s)", flush=True)  # fmt: skip
+        rows.append((label, precision, achieved))
     keras.mixed_precision.set_global_policy("float32")
+    return rows
 
 
 if __name__ == "__main__":

@@ -262,8 +262,10 @@ def test_bench_throughput_prints_the_peak_and_the_achieved_share():
     out = _run(str(TOOLS / "bench_throughput.py"), "--configs", "mini_conformer",
                "--batch", "1", "--seconds", "1", "--labels", "4", "--repeats", "2",
                "--gemm", "256")  # fmt: skip
-    peaks = _figures(r"-> ([\d.]+) GFLOP/s\n", out)
-    assert len(peaks) == 2 and all(p > 0 for p in peaks), out
+    peaks = _figures(r"(?m)^peak .* -> ([\d.]+) GFLOP/s$", out)
+    assert len(peaks) == 4 and all(p > 0 for p in peaks), out  # 2 dtypes, before and after
+    faster = _figures(r"faster peak: float32 ([\d.]+) GFLOP/s", out)
+    assert faster == [round(max(peaks[0], peaks[2]))], out
     shares = _figures(r"= ([\d.]+) % of the float32 peak", out)
     assert len(shares) == 6 and all(0 < s < 400 for s in shares), out  # 3 figures x 2 precisions
 
