@@ -83,3 +83,17 @@ def test_adamw_makes_torchs_adamw_updates():
                                                   epsilon=eps, weight_decay=decay))  # fmt: skip
     assert max(np.abs(k - w).max() for k, w in zip(keras_placement, want, strict=True)) > 1e-4
     assert isinstance(build_optimizer("adamw", lr, decay, betas, eps), AdamW)
+
+
+def test_adamw_from_its_config_makes_the_same_updates_and_decays_once():
+    """The decay lives in AdamW's own update (Keras' base optimizer is given none): a
+    config round trip keeps it, and a rate of 0 is plain Adam with torch's epsilon."""
+    lr, betas, eps, decay = 0.01, (0.9, 0.98), 1e-3, 0.1
+    optimizer = AdamW(lr, beta_1=betas[0], beta_2=betas[1], epsilon=eps, weight_decay=decay)
+    assert optimizer.get_config()["weight_decay"] == decay
+    for g, w in zip(_run(AdamW.from_config(optimizer.get_config())),
+                    _torch_adamw(6, lr, betas, eps, decay), strict=True):  # fmt: skip
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    no_decay = _run(AdamW(lr, beta_1=betas[0], beta_2=betas[1], epsilon=eps, weight_decay=0.0))
+    for g, w in zip(no_decay, _torch_adamw(6, lr, betas, eps, 0.0), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
