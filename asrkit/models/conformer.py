@@ -14,7 +14,9 @@ model is this encoder with NeMo's options; NeMo's weight names stay in `asrkit.i
 Dropout (one rate, `dropout`) is drawn at NeMo's places: the frames after the subsampling,
 inside each feed-forward after its activation, the attention weights, and each module's
 output before its residual addition. Every mask comes from an explicit seed, so a
-recomputed block replays it.
+recomputed block replays it. In training the LayerNorms, the feed-forwards' swish and
+dropout, the GLU and the residual sums run fused (`asrkit.models.fused`); inference runs
+the plain layers.
 
 Streaming (`chunk_frames` > 0, WeNet's chunk masks, NeMo's `chunked_limited` attention
 context): encoder frames are grouped in chunks of `chunk_frames`; a frame attends to the
@@ -44,6 +46,7 @@ from asrkit.features import halved_frames
 from asrkit.models.attention import SelfAttention
 from asrkit.models.convolution import ConvolutionModule
 from asrkit.models.encoder import Encoder
+from asrkit.models.fused import layer_norm, residual_dropout, swish_dropout
 from asrkit.models.layers import (
     CompositeLayer,
     block_seeds,
@@ -110,13 +113,23 @@ class FeedForward(CompositeLayer):
         self.d_model, self.expansion, self.dropout = d_model, expansion, dropout
         self.use_bias, self.epsilon = use_bias, epsilon
         self.norm = keras.layers.LayerNormalization(epsilon=epsilon)
-        self.inner = keras.layers.Dense(d_model * expansion, activation="swish", use_bias=use_bias)
+        self.inner = keras.layers.Dense(d_model * expansion, use_bias=use_bias)
         self.outer = keras.layers.Dense(d_model, use_bias=use_bias)
 
     def call(self, x, training=False, seed=None):
         seed = seed_or_zeros(seed)
-        h = seeded_dropout(self.inner(self.norm(x)), self.dropout, seed, 0, training)
+        h = self._hidden(x, training, seed)
         return seeded_dropout(self.outer(h), self.dropout, seed, 1, training)
+
+    def residual(self, x, training=False, seed=None):
+        """x + ½ this module's output."""
+        seed = seed_or_zeros(seed)
+        h = self._hidden(x, training, seed)
+        return residual_dropout(x, self.outer(h), 0.5, self.dropout, seed, 1, training)
+
+    def _hidden(self, x, training, seed):
+        inner = self.inner(layer_norm(self.norm, x, training))
+        return swish_dropout(inner, self.dropout, seed, 0, training)
 
     def get_config(self):
         return {
@@ -180,14 +193,15 @@ class ConformerBlock(CompositeLayer):
             return tf.random.experimental.stateless_fold_in(seed, k)
 
         mask = tf.sequence_mask(lengths, tf.shape(x)[1])
-        x = x + 0.5 * self.ff1(x, training=training, seed=part(1))
+        x = self.ff1.residual(x, training=training, seed=part(1))
         attended = self.attention(
-            self.attn_norm(x), mask, training=training, seed=part(2), allowed=allowed
-        )
-        x = x + seeded_dropout(attended, self.dropout, seed, 3, training)
-        x = x + self.conv(x, lengths, training=training, seed=part(4), chunk=chunk)
-        x = x + 0.5 * self.ff2(x, training=training, seed=part(5))
-        return zero_padding(_normed(self.out_norm, x), lengths)
+            layer_norm(self.attn_norm, x, training), mask, training=training, seed=part(2),
+            allowed=allowed,
+        )  # fmt: skip
+        x = residual_dropout(x, attended, 1.0, self.dropout, seed, 3, training)
+        x = self.conv.residual(x, lengths, training=training, seed=part(4), chunk=chunk)
+        x = self.ff2.residual(x, training=training, seed=part(5))
+        return zero_padding(_normed(self.out_norm, x, training), lengths)
 
     def stream(self, x, state, offset, allowed, chunk=None):
         """The next frames of one stream (see `ConformerEncoder.stream`): state = (keys,
@@ -470,6 +484,6 @@ class ConformerEncoder(Encoder):
         return {**super().get_config(), **self.sizes, **self.options}
 
 
-def _normed(norm, x):
+def _normed(norm, x, training=False):
     """x through the optional final LayerNorm (`model.encoder.final_norm`)."""
-    return x if norm is None else norm(x)
+    return x if norm is None else layer_norm(norm, x, training)

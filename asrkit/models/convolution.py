@@ -15,13 +15,13 @@ import keras
 import tensorflow as tf
 
 from asrkit.config import CONV_NORMS
+from asrkit.models.fused import gated_unit, layer_norm, residual_dropout
 from asrkit.models.layers import (
     DEPTHWISE_DTYPE,
     BatchNorm,
     CompositeLayer,
     seed_or_zeros,
     seeded_dropout,
-    zero_padding,
 )
 
 # What a convolution module sees: its centred kernel (full context), the kernel_size - 1
@@ -82,13 +82,25 @@ class ConvolutionModule(CompositeLayer):
     def call(self, x, lengths, training=False, seed=None, chunk=None):
         """x [B, T, D] -> [B, T, D]; `chunk`: frames per chunk (a chunked module only; None:
         the whole utterance is one chunk — a dynamic-chunk model run at full context)."""
-        h = zero_padding(self._gated(x), lengths)
+        seed = seed_or_zeros(seed)
+        return seeded_dropout(self._convolved(x, lengths, training, chunk), self.dropout,
+                              seed, 0, training)  # fmt: skip
+
+    def residual(self, x, lengths, training=False, seed=None, chunk=None):
+        """x + this module's output."""
+        out = self._convolved(x, lengths, training, chunk)
+        return residual_dropout(x, out, 1.0, self.dropout, seed_or_zeros(seed), 0, training)
+
+    def _convolved(self, x, lengths, training, chunk):
+        """The module's output before its dropout."""
+        normed = layer_norm(self.pre_norm, x, training)
+        h = gated_unit(self.pointwise_in(normed), lengths, training)
         if self.causal:
             h = tf.pad(h, [[0, 0], [self.kernel_size - 1, 0], [0, 0]])
         out = tf.cast(self.depthwise(h), h.dtype)
         if self.chunked and chunk is not None:  # None: the utterance is one chunk
             out -= self._beyond_chunk(h, chunk)
-        return self._finish(out, training, seed)
+        return self._finish(out, training)
 
     def stream(self, x, tail, chunk=None):
         """Causal or chunked: the next frames x [B, n, D] after the previous `tail_frames`
@@ -104,7 +116,7 @@ class ConvolutionModule(CompositeLayer):
         out = tf.cast(self.depthwise(padded), h.dtype)[:, start : start + tf.shape(x)[1]]
         if self.chunked:
             out -= self._beyond_chunk(new, chunk)
-        return self._finish(out, False, None), new_tail
+        return self._finish(out, False), new_tail
 
     def _beyond_chunk(self, h, chunk):
         """What the centred convolution of h [B, T, D] (chunks starting at frame 0) took
@@ -125,11 +137,11 @@ class ConvolutionModule(CompositeLayer):
         values, gates = tf.split(self.pointwise_in(self.pre_norm(x)), 2, axis=-1)
         return values * tf.sigmoid(gates)  # GLU
 
-    def _finish(self, h, training, seed):
+    def _finish(self, h, training):
+        """Norm, swish, pointwise: the module's output before its dropout."""
         # frozen_batch: the running statistics, in training too (they never move).
         norm_training = training and self.norm_type != "frozen_batch"
-        h = keras.activations.swish(self.norm(h, training=norm_training))
-        return seeded_dropout(self.pointwise_out(h), self.dropout, seed_or_zeros(seed), 0, training)
+        return self.pointwise_out(keras.activations.swish(self.norm(h, training=norm_training)))
 
     def get_config(self):
         return {

@@ -178,7 +178,7 @@ def test_the_chunked_convolution_sees_its_kernel_up_to_its_chunks_end(size, chun
     h = module._gated(x).numpy() * (np.arange(19)[None, :, None] < lengths[:, None, None])
     kernel, bias = module.depthwise.kernel.numpy(), module.depthwise.bias.numpy()
     depthwise = _numpy_chunked_depthwise(h, kernel, bias, chunk).astype(np.float32)
-    want = module._finish(tf.constant(depthwise), False, None).numpy()
+    want = module._finish(tf.constant(depthwise), False).numpy()
     np.testing.assert_allclose(got, want, atol=1e-5)
     # A chunk longer than the utterance: the plain centred convolution, same weights.
     plain = ConvolutionModule(d_model=8, kernel_size=size, norm="layer", dropout=0.0,
