@@ -4,10 +4,10 @@ one backward, beside TensorFlow's own matrix products (which XLA on a CPU runs s
 Four pieces, each with its gradient written out: LayerNorm (statistics in float32; the
 backward pass keeps the input and two numbers per row), swish then dropout (a feed-forward's
 inner activation), the convolution module's GLU with its padded frames zeroed, and a
-residual sum `x + scale * dropout(y)`. Unfused, each is several
-TensorFlow kernels that each read and write the whole tensor. Dropout masks come from 16
-random bits per value drawn by TensorFlow's stateless generator (XLA's own generator on a
-CPU is far slower) from (seed, salt) alone, so a recomputed block replays them.
+residual sum `x + scale * dropout(y)`. Unfused, each is several TensorFlow kernels that
+each read and write the whole tensor. Dropout masks come from 16 random bits per value
+drawn by TensorFlow's stateless generator (XLA's own generator on a CPU is far slower) from
+(seed, salt) alone, so a recomputed block replays them; the rate is rounded to 1/65536.
 
 Used only in training calls: inference, streaming and export keep the plain layers, so an
 exported model holds no XLA function.
