@@ -33,19 +33,33 @@ def cells_gradient(
     """The gradient of −Σ post · picked log-prob over cells [B, C, X]: d logits = softmax ·
     (post_blank + post_label) − post_blank · onehot(blank) − post_label · onehot(label)
     (`labels` [B, C or 1, X]; the one-hot terms added where they fall, never as [.., V]),
-    then -> (d before the activation [B, C, X, H], d kernel, d bias), all float32."""
+    then -> (d before the activation [B, C, X, H], d kernel, d bias), all float32.
+
+    d logits is formed in float32; the two products with it run in `product_dtype` of the
+    hidden state's dtype."""
     softmax = tf.exp(logits - lse[..., None])
     d_logits = softmax * (post_blank + post_label)[..., None]  # [B, C, X, V] float32
     labels = tf.broadcast_to(labels, tf.shape(post_label))
     ids = tf.stack([tf.fill(tf.shape(labels), blank), labels], axis=-1)  # [B, C, X, 2]
     d_logits = add_at_last(d_logits, ids, -tf.stack([post_blank, post_label], axis=-1))
-    hidden32 = tf.cast(hidden, tf.float32)
-    flat_hidden = tf.reshape(hidden32, [-1, tf.shape(hidden32)[3]])
     flat_d_logits = tf.reshape(d_logits, [-1, tf.shape(d_logits)[3]])
-    d_kernel = tf.matmul(flat_hidden, flat_d_logits, transpose_a=True)
     d_bias = tf.reduce_sum(flat_d_logits, axis=0)
-    d_hidden = cells_matmul(d_logits, tf.cast(kernel, tf.float32), transpose_w=True)
-    return d_hidden * ACTIVATIONS[activation][1](hidden32), d_kernel, d_bias
+    dtype = product_dtype(hidden.dtype)
+    flat_d = tf.cast(flat_d_logits, dtype)
+    flat_hidden = tf.reshape(tf.cast(hidden, dtype), [-1, tf.shape(hidden)[3]])
+    d_kernel = tf.matmul(flat_hidden, flat_d, transpose_a=True)
+    d_hidden = tf.matmul(flat_d, tf.cast(kernel, dtype), transpose_b=True)
+    d_hidden = tf.reshape(d_hidden, tf.shape(hidden))
+    derivative = ACTIVATIONS[activation][1](tf.cast(hidden, tf.float32))
+    return tf.cast(d_hidden, tf.float32) * derivative, tf.cast(d_kernel, tf.float32), d_bias
+
+
+def product_dtype(hidden_dtype):
+    """The dtype of the joint's backward products for a hidden state of `hidden_dtype`:
+    bfloat16 for bfloat16 — the rounding Keras' own Dense layers give their gradients
+    under mixed_bfloat16, at the cores' bfloat16 speed — else float32 (a float16 product
+    summed over thousands of loss-scaled rows would overflow)."""
+    return tf.bfloat16 if hidden_dtype == tf.bfloat16 else tf.float32
 
 
 def add_at_last(x, ids, values):

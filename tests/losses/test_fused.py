@@ -120,6 +120,31 @@ def test_mixed_float16_hidden_states_keep_float32_logits():
     assert all(np.all(np.isfinite(tf.cast(g, tf.float32).numpy())) for g in grads)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mixed_bfloat16_gradients_are_as_close_as_the_plain_layers(seed):
+    """Under bfloat16 the joint's backward products run in bfloat16, as Keras' Dense layer
+    runs them: every gradient stays as close to the float32 one (of the same rounded
+    inputs) as the plain bfloat16 joint and loss come."""
+    enc, pred, kernel, bias, *rest = _case(seed, frames=29, max_u=9, hidden=64, vocab=1024)
+    low = [tf.cast(x, tf.bfloat16) for x in (enc, pred, kernel, bias)]
+    exact = [tf.cast(x, tf.float32) for x in low]
+
+    def gradients(loss_fn, *inputs):
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            total = tf.reduce_sum(loss_fn(*inputs, *rest) * tf.constant([1.0, -0.5, 2.0]))
+        return [tf.cast(g, tf.float32).numpy() for g in tape.gradient(total, inputs)]
+
+    want = gradients(_plain, *exact)
+    plain = gradients(_plain, *low)
+    fused = gradients(_fused, low[0], low[1], exact[2], exact[3])  # float32 weights, cast inside
+    for p, f, w in zip(plain, fused, want, strict=True):
+        scale = np.max(np.abs(w))
+        plain_error, fused_error = np.max(np.abs(p - w)) / scale, np.max(np.abs(f - w)) / scale
+        assert fused_error <= max(1.5 * plain_error, 2**-8), (fused_error, plain_error)
+        assert fused_error > 0  # the inputs' rounding shows: bfloat16 was computed
+
+
 @pytest.mark.parametrize("kind", ["lstm", "conformer"])
 def test_the_task_trains_the_same_fused_or_not(kind):
     """Every trainable variable's gradient through the whole transducer, fused vs not."""
