@@ -193,9 +193,10 @@ def _peaks(args, when: str, before: dict) -> dict:
     peaks = {}
     for dtype in ("float32", "bfloat16"):
         spent, flops = _gemm_peak(args.gemm, dtype, args.repeats)
-        peaks[dtype] = max(flops / spent.median / 1e9, before.get(dtype, 0.0))
+        rate = flops / spent.median / 1e9
+        peaks[dtype] = max(rate, before.get(dtype, 0.0))
         print(f"peak  {dtype:9s} {args.gemm}^3 matmul, {when}: {spent.format('.3f')} s "
-              f"-> {flops / spent.median / 1e9:.0f} GFLOP/s", flush=True)  # fmt: skip
+              f"-> {rate:.0f} GFLOP/s", flush=True)  # fmt: skip
     return peaks
 
 

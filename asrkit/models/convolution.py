@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from asrkit.config import CONV_NORMS
-from asrkit.models.fused import gated_unit, layer_norm, residual_dropout
+from asrkit.models.fused import gated_unit, glu, layer_norm, residual_dropout
 from asrkit.models.layers import (
     DEPTHWISE_DTYPE,
     BatchNorm,
@@ -134,8 +134,7 @@ class ConvolutionModule(CompositeLayer):
         return removed
 
     def _gated(self, x):
-        values, gates = tf.split(self.pointwise_in(self.pre_norm(x)), 2, axis=-1)
-        return values * tf.sigmoid(gates)  # GLU
+        return glu(self.pointwise_in(self.pre_norm(x)))
 
     def _finish(self, h, training):
         """Norm, swish, pointwise: the module's output before its dropout."""

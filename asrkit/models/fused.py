@@ -120,12 +120,18 @@ def _swish_dropout_backward(x, keep, upstream, rate):
     return tf.where(keep, dx, tf.zeros([], x.dtype))
 
 
+def glu(x):
+    """The gated linear unit over the last axis of x [..., 2D] -> [..., D]: its first half
+    times the sigmoid of its second."""
+    values, gates = tf.split(x, 2, axis=-1)
+    return values * tf.sigmoid(gates)
+
+
 def gated_unit(x, lengths, training: bool):
-    """GLU over the last axis of x [B, T, 2D] -> [B, T, D] (its first half times the
-    sigmoid of its second), frames at t >= lengths[b] zeroed; fused in training."""
+    """`glu` of x [B, T, 2D] -> [B, T, D], frames at t >= lengths[b] zeroed; fused in
+    training."""
     if not training:
-        values, gates = tf.split(x, 2, axis=-1)
-        return zero_padding(values * tf.sigmoid(gates), lengths)
+        return zero_padding(glu(x), lengths)
     real = tf.sequence_mask(lengths, tf.shape(x)[1])
 
     @tf.custom_gradient
@@ -137,8 +143,7 @@ def gated_unit(x, lengths, training: bool):
 
 @tf.function(jit_compile=True, autograph=False)
 def _glu_forward(x, real):
-    values, gates = tf.split(x, 2, axis=-1)
-    return tf.where(real[:, :, None], values * tf.sigmoid(gates), tf.zeros([], x.dtype))
+    return tf.where(real[:, :, None], glu(x), tf.zeros([], x.dtype))
 
 
 @tf.function(jit_compile=True, autograph=False)

@@ -120,7 +120,8 @@ def _adamw_step(weight, m, v, gradient, lr, decay, beta_1, beta_2, epsilon, step
     writes the three once (compiled once per weight shape)."""
     dtype = gradient.dtype
     read = lambda handle: tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)  # noqa: E731
-    new_m = read(m) + (gradient - read(m)) * (1 - beta_1)
+    old_m = read(m)
+    new_m = old_m + (gradient - old_m) * (1 - beta_1)
     new_v = read(v) * beta_2 + gradient * gradient * (1 - beta_2)
     denominator = tf.sqrt(new_v) / tf.sqrt(1 - beta_2**step) + epsilon
     new_weight = read(weight) * (1 - lr * decay) - lr / (1 - beta_1**step) * new_m / denominator
