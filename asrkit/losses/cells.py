@@ -45,12 +45,12 @@ def cells_gradient(
     flat_d_logits = tf.reshape(d_logits, [-1, tf.shape(d_logits)[3]])
     d_bias = tf.reduce_sum(flat_d_logits, axis=0)
     dtype = product_dtype(hidden.dtype)
-    flat_d = tf.cast(flat_d_logits, dtype)
-    flat_hidden = tf.reshape(tf.cast(hidden, dtype), [-1, tf.shape(hidden)[3]])
-    d_kernel = tf.matmul(flat_hidden, flat_d, transpose_a=True)
-    d_hidden = tf.matmul(flat_d, tf.cast(kernel, dtype), transpose_b=True)
-    d_hidden = tf.reshape(d_hidden, tf.shape(hidden))
-    derivative = ACTIVATIONS[activation][1](tf.cast(hidden, tf.float32))
+    d_low, hidden_low = tf.cast(d_logits, dtype), tf.cast(hidden, dtype)
+    flat_hidden = tf.reshape(hidden_low, [-1, tf.shape(hidden)[3]])
+    d_kernel = tf.matmul(flat_hidden, tf.reshape(d_low, tf.shape(flat_d_logits)), transpose_a=True)
+    d_hidden = cells_matmul(d_low, tf.cast(kernel, dtype), transpose_w=True)
+    hidden32 = hidden_low if dtype == tf.float32 else tf.cast(hidden, tf.float32)
+    derivative = ACTIVATIONS[activation][1](hidden32)
     return tf.cast(d_hidden, tf.float32) * derivative, tf.cast(d_kernel, tf.float32), d_bias
 
 
