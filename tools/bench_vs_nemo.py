@@ -30,19 +30,20 @@ Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, N
 - the peak RSS of each child process;
 - `step` (not by default; no manifest): one training update of a `.nemo` of any size
   (tools/make_nemo_published.py builds the published shapes) on fabricated micro-batches
-  (`--shapes`: utterances x seconds x labels; random features and labels), dropout off,
-  BatchNorm at its statistics: NeMo's own update as the model's config sets it (with
-  `fuse_loss_wer`, its sub-batched joint and loss) with its CPU loss (numba: the memory
-  figure) and with the vectorised loss in its place (the time figure), against asrkit's
-  TransducerTask with the imported loss settings. Per side: RSS after loading, RSS with
-  the training state (after NeMo's first update: its AdamW slots exist only from then),
-  the time per update (asrkit's inside a `fit` epoch: harness.update_times), the process
-  peak, and the tensors' bytes before the step and their peak during it (what a GPU would
-  hold): asrkit's from its allocator, NeMo's counted op by op as PyTorch makes and frees
-  them (a dispatch mode, in one more update after the timed ones). asrkit runs twice: in the
-  measuring environment (oneDNN off: exact allocator peaks) and as its commands run
-  (`AS_COMMANDS_RUN`, oneDNN on: the time users get; oneDNN's scratch is then outside the
-  allocator's figures).
+  (`--shapes`: utterances x seconds x labels; random features and labels), dropout off (`--dropout
+  config`: the encoder's and predictor's rates as the config sets them; the joint's off, asrkit's
+  has none), BatchNorm at its statistics: NeMo's own update as the model's config sets it (with
+  `fuse_loss_wer`, its sub-batched joint and loss) with its CPU loss (numba: the memory figure)
+  and with the vectorised loss in its place (the time figure), against asrkit's TransducerTask
+  with the imported loss settings. Per side: RSS after loading, RSS with the training state (after
+  NeMo's first update: its AdamW slots exist only from then), the time per update (asrkit's inside
+  a `fit` epoch: harness.update_times) and of the encoder's forward and backward alone (the
+  rest of the update is the difference), the process peak, and the tensors' bytes before the step
+  and their peak during it (what a GPU would hold): asrkit's from its allocator, NeMo's counted op
+  by op as PyTorch makes and frees them (a dispatch mode, in one more update after the timed
+  ones). asrkit runs twice: in the measuring environment (oneDNN off: exact allocator peaks) and
+  as its commands run (`AS_COMMANDS_RUN`, oneDNN on: the time users get; oneDNN's scratch is then
+  outside the allocator's figures).
 - `boost` (not by default; `--boost FILE`): greedy decoding with word boosting, each side's
   own (NeMo's boosting tree, `greedy.boosting_tree` with `context_score` = `--boost-weight`,
   depth scaling 1, no Triton; asrkit's `--boost` tables at that weight): the search alone,
@@ -242,10 +243,10 @@ def _shape(request: dict) -> tuple[int, int, int]:
 
 def _asrkit_step(exp: Path, request: dict) -> dict:
     """One training update of the imported network on a fabricated micro-batch (random
-    features and labels), dropout off, as `asrkit train` runs it: the process's RSS after
-    loading and after building the engine (weights, AdamW slots, accumulators), the
-    allocator's state before the step and its peak during it, the time per update and the
-    process peak."""
+    features and labels), dropout off unless `request["dropout"]` is "config", as `asrkit
+    train` runs it: the process's RSS after loading and after building the engine
+    (weights, AdamW slots, accumulators), the allocator's state before the step and its
+    peak during it, the time per update and the process peak."""
     import numpy as np
     import tensorflow as tf
 
@@ -258,10 +259,12 @@ def _asrkit_step(exp: Path, request: dict) -> dict:
 
     out = {"RSS after loading MiB": _rss_mib()}
     config = load_config(exp / "config.yaml")
-    encoder = replace(config.model.encoder, dropout=0.0, attention_dropout=0.0,
-                      pre_encoder_dropout=0.0)  # fmt: skip
-    predictor = replace(config.model.predictor, dropout=0.0)
-    model = replace(config.model, encoder=encoder, predictor=predictor)
+    model = config.model
+    if request.get("dropout", "off") == "off":
+        encoder = replace(model.encoder, dropout=0.0, attention_dropout=0.0,
+                          pre_encoder_dropout=0.0)  # fmt: skip
+        predictor = replace(model.predictor, dropout=0.0)
+        model = replace(model, encoder=encoder, predictor=predictor)
     vocab = _vocab(exp)
     batch_size, frames, labels = _shape(request)
     rng = np.random.default_rng(0)
@@ -291,6 +294,20 @@ def _asrkit_step(exp: Path, request: dict) -> dict:
     out["update s"] = update_times(task, data, ROUNDS, warmup=0).median  # traced above
     out["peak RSS MiB"] = _peak_rss_mib()
     out["peak RSS above loading MiB"] = out["peak RSS MiB"] - out["RSS after loading MiB"]
+    # the encoder alone, forward and backward (the gradient of its output's sum), so that
+    # the update's time splits into the encoder and the rest on both sides
+    features, lengths = tf.constant(batch[0]), tf.constant(batch[1])
+    weights = task.network.encoder.trainable_variables
+
+    @tf.function(autograph=False)
+    def encoder_pass():
+        with tf.GradientTape() as tape:
+            encoded, _ = task.network.encode(features, lengths, training=True)
+            total = tf.reduce_sum(tf.cast(encoded, tf.float32))
+        return tape.gradient(total, weights)
+
+    out["encoder fwd+bwd s"] = timed(lambda: encoder_pass()[0].numpy(), repeats=ROUNDS).median
+    out["rest of the update s"] = out["update s"] - out["encoder fwd+bwd s"]
     return out
 
 
@@ -455,7 +472,8 @@ def _nemo(request: dict) -> dict:
 
 
 def _nemo_step(model, request: dict) -> dict:
-    """NeMo's own training update on a fabricated micro-batch, dropout off and BatchNorm at
+    """NeMo's own training update on a fabricated micro-batch, dropout off (or, with
+    `request["dropout"]` "config", as the config sets it but in the joint) and BatchNorm at
     its statistics (as asrkit fine-tunes): encoder, predictor and the joint as the model's
     config sets it (with `fuse_loss_wer`: sub-batches of `fused_batch_size`, each joined and
     scored by the model's loss), AdamW. `request["loss"]`: "nemo" (its numba loss on the
@@ -476,8 +494,13 @@ def _nemo_step(model, request: dict) -> dict:
 
         model.loss._loss = Vectorised()
     model.train()
+    # asrkit's joint has no dropout (the import says so): NeMo's is off on both settings
+    joint_dropout = {id(m) for m in model.joint.modules() if isinstance(m, torch.nn.Dropout)}
+    dropout_off = request.get("dropout", "off") == "off"
     for module in model.modules():
-        if isinstance(module, torch.nn.Dropout | torch.nn.BatchNorm1d):
+        if isinstance(module, torch.nn.BatchNorm1d) or (
+            isinstance(module, torch.nn.Dropout) and (dropout_off or id(module) in joint_dropout)
+        ):
             module.eval()
     batch_size, frames, labels = _shape(request)
     vocab = model.tokenizer.vocab_size
@@ -514,6 +537,14 @@ def _nemo_step(model, request: dict) -> dict:
     out["update s"] = timed(update, repeats=ROUNDS, warmup=0).median
     out["peak RSS MiB"] = _peak_rss_mib()
     out["peak RSS above loading MiB"] = out["peak RSS MiB"] - out["RSS after loading MiB"]
+
+    def encoder_pass():  # as asrkit's: the gradient of the encoder output's sum
+        optimizer.zero_grad(set_to_none=True)
+        encoded, _ = model.encoder(audio_signal=feats, length=feat_lengths)
+        encoded.sum().backward()
+
+    out["encoder fwd+bwd s"] = timed(encoder_pass, repeats=ROUNDS).median
+    out["rest of the update s"] = out["update s"] - out["encoder fwd+bwd s"]
     optimizer.zero_grad(set_to_none=True)  # the state between updates: weights, slots
     held = _torch_storages([*model.parameters(), *(
         value for state in optimizer.state.values() for value in state.values()
@@ -617,6 +648,10 @@ def main() -> None:
     parser.add_argument("--shapes", default="2x10x40",
                         help="step: micro-batches, UTTERANCESxSECONDSxLABELS[,...]; fit: "
                              "the utterances' SECONDS and LABELS of the first")  # fmt: skip
+    parser.add_argument("--dropout", choices=["off", "config"], default="off",
+                        help="step, fit: dropout off on both sides, or the encoder's and "
+                             "predictor's rates as the model's config sets them (NeMo's "
+                             "joint dropout stays off: asrkit's joint has none)")  # fmt: skip
     parser.add_argument("--cap", default="6GiB",
                         help="fit: the process memory cap (e.g. 6GiB, 4096MiB)")  # fmt: skip
     args = parser.parse_args()
@@ -634,6 +669,7 @@ def main() -> None:
         "nemo_model": str(Path(args.nemo_model).resolve()),
         "manifest": str(Path(args.manifest).resolve()) if args.manifest else None,
         "utterances": args.utterances,
+        "dropout": args.dropout,
     }
     if args.boost:
         lines = Path(args.boost).read_text(encoding="utf-8").splitlines()
