@@ -180,6 +180,7 @@ def test_finetune_recipe_refuses_wrong_arguments_in_one_line(tmp_path):
     for name in ("train", "dev", "test"):
         (jsonl / f"{name}.jsonl").write_text('{"id": "a", "audio_path": "a.flac"}\n')
     (jsonl / "dev.jsonl").write_text('{"id": "a"}\nnot json\n')
+    (tmp_path / "a.flac").write_bytes(b"")  # asrkit's audio_path: from where run.sh runs
     cases = {
         (): "give the pretrained model",
         ("--nemo", "no.nemo", "--data", str(tmp_path)): "no.nemo: no such file",
@@ -200,6 +201,40 @@ def test_finetune_recipe_refuses_wrong_arguments_in_one_line(tmp_path):
         assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
     written = (tmp_path / "w/data/train.jsonl").read_text()
     assert json.loads(written)["audio_path"] == str(tmp_path / "a.flac")  # from where it ran
+
+
+def test_finetune_recipe_reads_nemo_manifests_with_paths_relative_to_the_manifest(tmp_path):
+    """NeMo resolves a relative `audio_filepath` from the manifest's directory; the recipe's
+    copies in <work>/data point at the same files (segments keep their offset), and audio
+    found nowhere is named by manifest and line, with no half-written copy left."""
+    data = tmp_path / "nemo_data"
+    (data / "audio").mkdir(parents=True)
+    (data / "audio/x.flac").write_bytes(b"")
+    fake = tmp_path / "exp"
+    fake.mkdir()
+    (fake / "config.yaml").write_text(f"schema: {SCHEMA_VERSION}\n")
+    line = {"audio_filepath": "audio/x.flac", "duration": 1.5, "offset": 2.0, "text": "hallo"}
+    for name in ("train", "dev", "test"):
+        (data / f"{name}.jsonl").write_text(json.dumps(line) + "\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    args = ["bash", str(FINETUNE), "--exp", str(fake), "--data", str(data), "--work", "w",
+            "--stage", "1", "--stop-stage", "1"]  # fmt: skip
+    run = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=elsewhere)
+    assert run.returncode == 0, run.stderr
+    for name in ("train", "dev", "test"):
+        copied = json.loads((elsewhere / f"w/data/{name}.jsonl").read_text())
+        assert copied == {**line, "audio_filepath": str(data / "audio/x.flac")}
+    (data / "test.jsonl").write_text(json.dumps(line) + "\n" + json.dumps(
+        {**line, "audio_filepath": "audio/missing.flac"}) + "\n")  # fmt: skip
+    shutil.rmtree(elsewhere / "w")
+    run = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=elsewhere)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert f"{data / 'test.jsonl'} line 2: audio_filepath audio/missing.flac: no such" in (
+        run.stderr
+    )
+    assert not (elsewhere / "w/data/test.jsonl").exists()
+    assert not list((elsewhere / "w/data").glob("*.partial"))
 
 
 @pytest.mark.slow

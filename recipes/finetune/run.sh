@@ -88,21 +88,39 @@ manifests() {
     local name
     for name in train dev test; do
       [[ -f $data/$name.jsonl ]] || fail "--data $data: has train.jsonl but no $name.jsonl"
-      # relative audio paths are relative to where run.sh was started (as for asrkit)
-      python3 - "$data/$name.jsonl" "$caller" > "data/$name.jsonl.partial" <<'PY'
+      # Relative audio paths resolved as asrkit resolves them: asrkit's `audio_path` from
+      # where run.sh was started, NeMo's `audio_filepath` from the manifest's directory
+      # when the file is there (as NeMo does), else from where run.sh was started.
+      if python3 - "$data/$name.jsonl" "$caller" > "data/$name.jsonl.partial" <<'PY'
 import json, os, sys
-for number, line in enumerate(open(sys.argv[1]), 1):
-    if line.strip():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            print(f"run.sh: {sys.argv[1]} line {number}: not a JSON object", file=sys.stderr)
+manifest, caller = sys.argv[1], sys.argv[2]
+for number, line in enumerate(open(manifest, encoding="utf-8"), 1):
+    if not line.strip():
+        continue
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        entry = None
+    if not isinstance(entry, dict):
+        print(f"run.sh: {manifest} line {number}: not a JSON object", file=sys.stderr)
+        sys.exit(2)
+    key = "audio_filepath" if "audio_filepath" in entry else "audio_path"
+    if isinstance(entry.get(key), str):  # the rest asrkit checks
+        audio = entry[key]
+        places = [audio] if os.path.isabs(audio) else [os.path.join(caller, audio)]
+        if key == "audio_filepath" and not os.path.isabs(audio):
+            places.insert(0, os.path.join(os.path.dirname(manifest), audio))
+        found = next((place for place in places if os.path.isfile(place)), None)
+        if found is None:
+            print(f"run.sh: {manifest} line {number}: {key} {audio}: no such file (looked "
+                  f"for {' and '.join(places)})", file=sys.stderr)
             sys.exit(2)
-        if isinstance(entry, dict) and "audio_path" in entry:  # the rest asrkit checks
-            entry["audio_path"] = os.path.join(sys.argv[2], str(entry["audio_path"]))
-        print(json.dumps(entry))
+        entry[key] = os.path.abspath(found)
+    print(json.dumps(entry, ensure_ascii=False))
 PY
-      mv "data/$name.jsonl.partial" "data/$name.jsonl"
+      then mv "data/$name.jsonl.partial" "data/$name.jsonl"
+      else rm -f "data/$name.jsonl.partial"; exit 2
+      fi
     done
   else
     # any language, case and punctuation: the tokenizer decides what it can encode
