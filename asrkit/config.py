@@ -93,8 +93,9 @@ SUBSAMPLINGS = ("valid", "striding", "dw_striding")  # see model.encoder.subsamp
 JOINT_ACTIVATIONS = ("tanh", "relu")
 # What a window's summed loss is divided by (NeMo's reduction in brackets): its tokens
 # (mean_volume), its utterances (mean_batch), or its utterances after each utterance's
-# loss is divided by its own tokens (mean).
-NORMALIZERS = ("tokens", "utterances", "utterance_tokens")
+# loss is divided by its own tokens (mean). "none" records an imported model's loss divided
+# by no count (NeMo's sum): such a model decodes; training refuses it until a count is set.
+NORMALIZERS = ("tokens", "utterances", "utterance_tokens", "none")
 LOSSES = ("full", "pruned", "tdt")
 PREDICTORS = ("lstm", "stateless")
 FINAL_NORMS = ("block", "encoder", "none")  # see model.encoder.final_norm

@@ -112,7 +112,7 @@ def plan_import(nemo: dict, source: str) -> ImportPlan:
     tokenizer.require("type", "bpe", ("bpe",))
     features = _features(_Section(source, "preprocessor", nemo.get("preprocessor")), notes)
     encoder = _encoder(_Section(source, "encoder", nemo.get("encoder")), features, notes)
-    predictor = _predictor(_Section(source, "decoder", nemo.get("decoder")))
+    predictor = _predictor(_Section(source, "decoder", nemo.get("decoder")), notes)
     joint = _Section(source, "joint", nemo.get("joint"))
     joint.target("RNNTJoint")
     net = _Section(source, "joint.jointnet", joint.get("jointnet", {}))
@@ -120,7 +120,7 @@ def plan_import(nemo: dict, source: str) -> ImportPlan:
     if net.get("dropout", 0.0):
         notes.append(f"joint.jointnet.dropout {net.get('dropout')} is not modelled (the joint "
                      "trains without dropout)")  # fmt: skip
-    durations = _durations(nemo, joint, source)
+    durations = _durations(nemo, joint, source, notes)
     greedy = _Section(source, "decoding.greedy", (nemo.get("decoding") or {}).get("greedy") or {})
     max_symbols = int(greedy.get("max_symbols", 10) or 10)
     model = ModelConfig(
@@ -148,12 +148,13 @@ def _loss(nemo: dict, source: str, tdt: bool, hybrid: bool, notes: list[str]) ->
     kwargs = section.get("tdt_kwargs" if tdt else f"{section.get('loss_name', 'default')}_kwargs")
     kwargs = kwargs or section.get("warprnnt_numba_kwargs") or {}
     reduction = nemo.get("rnnt_reduction", "mean_batch")
-    if reduction not in REDUCTIONS:
-        raise UnsupportedNemoModel(
-            f"{source}: rnnt_reduction: {reduction!r} is not supported (asrkit imports "
-            f"{', '.join(REDUCTIONS)}: a window's loss is always divided by a count)"
+    if reduction not in REDUCTIONS:  # a training setting: the model decodes as it is
+        notes.append(
+            f"rnnt_reduction {reduction!r} divides the loss by no count asrkit trains with "
+            "(loss.normalize_by: none): before training, set loss.normalize_by to tokens "
+            "(mean_volume), utterances (mean_batch) or utterance_tokens (mean)"
         )
-    settings = dict(kind="tdt" if tdt else "full", normalize_by=REDUCTIONS[reduction])
+    settings = dict(kind="tdt" if tdt else "full", normalize_by=REDUCTIONS.get(reduction, "none"))
     if tdt:
         settings.update(sigma=float(kwargs.get("sigma", 0.0)),
                         omega=float(kwargs.get("omega", 0.0)))  # fmt: skip
@@ -214,13 +215,20 @@ def _spec_augment(nemo: dict, source: str, notes: list[str]) -> dict:
     if not spec:
         return {"spec_augment": False}
     section = _Section(source, "spec_augment", spec)
-    section.target("SpectrogramAugmentation")
+    target = str(section.get("_target_", ""))
+    if target.rsplit(".", 1)[-1] != "SpectrogramAugmentation":  # training only: noted
+        notes.append(f"spec_augment {target!r} is not modelled: fine-tuning runs without "
+                     "SpecAugment unless data.spec_augment is set")  # fmt: skip
+        return {"spec_augment": False}
     if section.get("rect_masks", 0):
         notes.append(f"spec_augment.rect_masks {section.get('rect_masks')} (SpecCutout) is "
                      "not modelled")  # fmt: skip
     width = section.get("time_width", 10)
-    if isinstance(width, float) and not 0 <= width <= 1:
-        section.refuse("time_width", width, "a fraction in [0, 1] or a frame count")
+    if not isinstance(width, int | float) or (isinstance(width, float) and not 0 <= width <= 1):
+        notes.append(f"spec_augment.time_width {width!r} is not read (a fraction in [0, 1] "
+                     "or a frame count): fine-tuning runs without SpecAugment unless "
+                     "data.spec_augment is set")  # fmt: skip
+        return {"spec_augment": False}
     freq_masks, time_masks = int(section.get("freq_masks", 0)), int(section.get("time_masks", 0))
     return dict(
         spec_augment=bool(freq_masks or time_masks), spec_freq_masks=freq_masks,
@@ -356,11 +364,13 @@ def _rate(enc: _Section, key: str, dropout: float) -> float | None:
     return None if value is None or float(value) == dropout else float(value)
 
 
-def _predictor(dec: _Section) -> PredictorConfig:
+def _predictor(dec: _Section, notes: list[str]) -> PredictorConfig:
     dec.target("RNNTDecoder")
     dec.require("normalization_mode", None, (None,))
     dec.require("blank_as_pad", True, (True,))
-    dec.require("random_state_sampling", False, (False,))
+    if dec.get("random_state_sampling", False):  # NeMo samples it in training only
+        notes.append("decoder.random_state_sampling is not modelled: the predictor's state "
+                     "starts at zeros in training too, as in NeMo's inference")  # fmt: skip
     net = _Section(dec.source, "decoder.prednet", dec.get("prednet"))
     hidden = int(net.get("pred_hidden"))
     if net.get("rnn_hidden_size", -1) not in (-1, hidden):
@@ -372,13 +382,15 @@ def _predictor(dec: _Section) -> PredictorConfig:
     )  # fmt: skip
 
 
-def _durations(nemo: dict, joint: _Section, source: str) -> tuple[int, ...]:
+def _durations(nemo: dict, joint: _Section, source: str, notes: list[str]) -> tuple[int, ...]:
+    """The TDT durations of a joint with extra outputs; a joint whose extra outputs are not
+    durations (multi-blank) is refused: it changes what the network outputs."""
     extra = int(joint.get("num_extra_outputs", 0) or 0)
     loss = nemo.get("loss") or {}
     name = loss.get("loss_name", "default")
-    if name not in ("default", "tdt", "warprnnt_numba", "pytorch"):
-        raise UnsupportedNemoModel(f"{source}: loss.loss_name: {name!r} is not supported "
-                                   "(asrkit imports RNN-T and TDT models)")  # fmt: skip
+    if name not in ("default", "tdt", "warprnnt_numba", "pytorch") and not extra:
+        notes.append(f"loss.loss_name {name!r} is a training setting: asrkit trains with its "
+                     "RNN-T loss (loss.kind)")  # fmt: skip
     if not extra:
         return ()
     candidates = (

@@ -132,7 +132,9 @@ def normalized_terms(losses, label_lengths, normalize_by: str):
     if normalize_by == "utterance_tokens":
         tokens = tf.cast(tf.maximum(label_lengths, 1), losses.dtype)
         return tf.reduce_sum(losses / tokens), tf.shape(label_lengths)[0]
-    return tf.reduce_sum(losses), tf.shape(label_lengths)[0]
+    if normalize_by == "utterances":
+        return tf.reduce_sum(losses), tf.shape(label_lengths)[0]
+    raise ValueError(f"loss.normalize_by {normalize_by!r} does not train (check_trainable)")
 
 
 def full_losses(task, encoded, predicted, labels, encoder_lengths, label_lengths):

@@ -53,7 +53,7 @@ from asrkit.cluster import (
     meet,
     settings_of,
 )
-from asrkit.config import ExperimentConfig, dump_config
+from asrkit.config import ConfigError, ExperimentConfig, dump_config
 from asrkit.data.batch_plan import mean_micro_batch_seconds, micro_batch_plan
 from asrkit.data.order import (
     DataPlanKey,
@@ -157,6 +157,7 @@ def build_task(
     total_updates: int = 1,
 ) -> TransducerTask:
     """The training task (network + loss + accumulation engine), compiled."""
+    check_trainable(config)
     t = config.train
     network = Transducer(vocab_size, config.model, name="transducer")
     freeze_encoder(network, t.freeze_encoder)
@@ -186,6 +187,17 @@ def process_settings(config: ExperimentConfig):
         yield
     finally:
         keras.mixed_precision.set_dtype_policy(previous)
+
+
+def check_trainable(config: ExperimentConfig) -> None:
+    """Settings an imported model may carry that decode but do not train."""
+    if config.loss.normalize_by == "none":
+        raise ConfigError(
+            "loss.normalize_by: none (an imported loss divided by no count, e.g. NeMo's "
+            "rnnt_reduction: sum) cannot be trained with exact accumulation: a window's loss "
+            "is divided by its count; choose one with --set loss.normalize_by=tokens "
+            "(NeMo's mean_volume), utterances (mean_batch) or utterance_tokens (mean)"
+        )
 
 
 def config_cautions(config: ExperimentConfig) -> list[str]:
@@ -224,6 +236,7 @@ def train(
     `asrkit.cluster`), and a worker lost during training ends the others with
     `WorkerLost`."""
     start = time.monotonic()
+    check_trainable(config)
     for message in config_cautions(config):
         warnings.warn(message, stacklevel=2)
     cluster = _cluster(config)
@@ -441,10 +454,7 @@ def _naming_a_lost_worker(cluster: Cluster | None, exp_dir: Path):
         if cluster is None:
             raise
         found = list_checkpoints(exp_dir / "checkpoints")
-        where = f"the last complete checkpoint is {found[-1].name}" if found else (
-            "no checkpoint was written yet, so training starts afresh"
-        )  # fmt: skip
-        raise lost_worker(cluster, err, where) from None
+        raise lost_worker(cluster, err, found[-1].name if found else None) from None
 
 
 def _any_worker(strategy):

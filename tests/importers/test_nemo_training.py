@@ -262,7 +262,7 @@ def test_the_commands_decode_with_ctc_and_refuse_it_without_a_head(imported, cap
 
 def test_settings_the_import_maps_or_lists_by_key():
     """Stochastic depth is mapped; a CTC reduction other than the transducer's is listed;
-    a reduction asrkit cannot divide by (sum) is refused naming the key."""
+    a setting that changes the network's output is refused naming the key."""
     from asrkit.importers.nemo_model import UnsupportedNemoModel, plan_import
 
     nemo = read_nemo(DATA / "step_hybrid_tdt_ctc.nemo").config
@@ -274,9 +274,39 @@ def test_settings_the_import_maps_or_lists_by_key():
     assert (enc.stochastic_depth, enc.stochastic_depth_mode, enc.stochastic_depth_start) == (
         0.2, "uniform", 1)  # fmt: skip
     assert any(n.startswith("aux_ctc.ctc_reduction 'mean_volume'") for n in plan.notes)
-    nemo["rnnt_reduction"] = "sum"
-    with pytest.raises(UnsupportedNemoModel, match="rnnt_reduction: 'sum'"):
+    nemo["joint"]["jointnet"]["activation"] = "sigmoid"  # changes the output: refused
+    with pytest.raises(UnsupportedNemoModel, match=r"joint\.jointnet\.activation: 'sigmoid'"):
         plan_import(nemo, "m.nemo")
+
+
+def test_training_only_settings_import_with_a_note_and_training_names_the_way_out(tmp_path):
+    """Settings that only matter in training (a loss divided by no count, another loss'
+    name, another SpecAugment, sampled predictor states) do not stop a model from decoding:
+    the network is the one imported without them, each is noted by key, and training
+    refuses what it cannot model in one line naming the setting that fixes it."""
+    from asrkit.config import ConfigError
+    from asrkit.importers.nemo_model import plan_import
+    from asrkit.training.trainer import build_task, train
+
+    nemo = json.loads(json.dumps(read_nemo(DATA / "step_conformer_rnnt.nemo").config))
+    plain = plan_import(nemo, "m.nemo")
+    nemo["rnnt_reduction"] = "sum"
+    nemo["loss"] = {**(nemo.get("loss") or {}), "loss_name": "graph_rnnt"}
+    nemo["spec_augment"] = {"_target_": "x.SpecCutoutOnly", "rect_masks": 5}
+    nemo["decoder"]["random_state_sampling"] = True
+    plan = plan_import(nemo, "m.nemo")
+    assert plan.config.model == plain.config.model and plan.config.features == (
+        plain.config.features
+    )
+    for key in ("rnnt_reduction 'sum'", "loss.loss_name 'graph_rnnt'",
+                "spec_augment 'x.SpecCutoutOnly'", "decoder.random_state_sampling"):  # fmt: skip
+        assert sum(note.startswith(key) for note in plan.notes) == 1, (key, plan.notes)
+    assert plan.config.loss.normalize_by == "none" and not plan.config.data.spec_augment
+    with pytest.raises(ConfigError, match=r"--set loss\.normalize_by=tokens"):
+        build_task(plan.config, 10, steps=1)
+    with pytest.raises(ConfigError, match="rnnt_reduction: sum"):
+        train(plan.config, tmp_path / "exp")
+    assert not (tmp_path / "exp").exists()  # refused before anything was written
 
 
 @pytest.mark.slow  # ~15 s: a SavedModel written and loaded
