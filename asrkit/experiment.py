@@ -184,7 +184,7 @@ def load_experiment(
 
     config = load_experiment_config(exp_dir)
     if chunk_frames is not None:
-        _check_chunk_override(config, chunk_frames)
+        check_chunk_override(config, chunk_frames)
     tokenizer = Tokenizer.load(config.data.tokenizer)
     network = build_network(config, tokenizer.vocab_size)
     if checkpoint:
@@ -263,7 +263,8 @@ def write_timing(exp_dir: str | os.PathLike, record: dict) -> Path:
     return path
 
 
-def _check_chunk_override(config: ExperimentConfig, chunk_frames: int) -> None:
+def check_chunk_override(config: ExperimentConfig, chunk_frames: int) -> None:
+    """`--chunk-frames`/`--lookahead-frames` is one the model was trained to run with."""
     encoder = config.model.encoder
     if encoder.lookaheads:
         if chunk_frames - 1 not in encoder.lookaheads:

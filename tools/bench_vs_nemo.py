@@ -157,7 +157,8 @@ def _asrkit(request: dict) -> dict:
                 out[f"  {stage} RTF, {per_call} per call"] = _median_time(fn) / seconds
     elif request["task"] == "boost":
         from asrkit.decoding.boosting import Phrase, boost_tables, phrase_sequences
-        from asrkit.decoding.fusion import as_tensors, combine
+        from asrkit.decoding.fusion import combine
+        from asrkit.decoding.fusion_steps import as_tensors
         from asrkit.decoding.runner import featurise_samples
         from asrkit.decoding.search import DecodeOptions, search
 

@@ -10,8 +10,10 @@ from asrkit.cli.options import (
     add_fusion_arguments,
     add_search_arguments,
     add_weights_arguments,
+    check_before_loading,
     check_search_arguments,
     fusion_for,
+    fusion_settings,
     search_options,
 )
 
@@ -46,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_search_arguments(args)
     out = writable_directory(args.out, "--out") if args.out else None
-    load_experiment_config(args.exp_dir)  # before TensorFlow: is it an experiment at all?
+    # before TensorFlow: is it an experiment at all, can it do what is asked?
+    check_before_loading(args, load_experiment_config(args.exp_dir))
     if args.manifest:
         read_usable_manifest(args.manifest)
     from asrkit.data.pipeline import pipeline_config
@@ -72,10 +75,13 @@ def run(args: argparse.Namespace) -> int:
     r = report.rates
     weights = experiment.weights
     method = f"beam {args.beam}" if args.method == "beam" else args.method
+    fusion = fusion_settings(args, config.decode)
     if args.boost:
-        method += f", boosting {args.boost}"
+        method += f", boosting {args.boost} (weight {fusion['boost_weight']:g})"
     if args.lm:
-        method += f", LM {args.lm}" + (f" - LODR {args.lodr}" if args.lodr else "")
+        method += f", LM {args.lm} (weight {fusion['lm_weight']:g})"
+        if args.lodr:
+            method += f" - LODR {args.lodr} (weight {fusion['lodr_weight']:g})"
     summary = (
         f"{args.shards or args.manifest}: {method}, weights {weights}: WER {r.wer * 100:.2f} % "
         f"(S {r.substitutions}, D {r.deletions}, I {r.insertions} of {r.words} words), "
@@ -95,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         scores = {"wer": r.wer, "cer": r.cer, "substitutions": r.substitutions,
                   "deletions": r.deletions, "insertions": r.insertions, "words": r.words,
                   "utterances": len(report.utterances), "rtf": report.rtf, "method": method,
-                  "weights": weights, "normalizer": r.normalizer}  # fmt: skip
+                  "weights": weights, "normalizer": r.normalizer, **fusion}  # fmt: skip
         write_files(out, {
             "hyp.txt": "".join(f"{u.id} {u.hypothesis}\n" for u in report.utterances),
             "ref.txt": "".join(f"{u.id} {u.reference}\n" for u in report.utterances),

@@ -66,13 +66,34 @@ def check_search_arguments(args: argparse.Namespace) -> None:
 def search_options(args: argparse.Namespace, max_symbols_per_step: int, model_config=None):
     """The search the arguments ask for; with `model_config` (a ModelConfig), `--method
     ctc` is refused for a model without a CTC head before it loads."""
-    from asrkit.decoding.search import NO_CTC_HEAD, DecodeOptions
-    from asrkit.errors import InputError
+    from asrkit.decoding.search import DecodeOptions
+    from asrkit.decoding.strategies import check_method
 
     check_search_arguments(args)
-    if args.method == "ctc" and model_config is not None and not model_config.ctc_head:
-        raise InputError(NO_CTC_HEAD)
+    if model_config is not None:
+        check_method(args.method, model_config)
     return DecodeOptions(args.method, args.beam, max_symbols_per_step)
+
+
+def check_before_loading(args: argparse.Namespace, config) -> None:
+    """What an experiment's recorded config and tokenizer answer before TensorFlow and the
+    model load: the search method against its network, `--chunk-frames`/`--lookahead-frames`
+    against its training, and `--lm`/`--lodr` against its pieces."""
+    from asrkit.decoding.strategies import check_method
+    from asrkit.experiment import check_chunk_override
+
+    check_method(args.method, config.model)
+    if getattr(args, "chunk_frames", None) is not None:
+        check_chunk_override(config, args.chunk_frames)
+    lms = getattr(args, "read_lms", {})
+    if lms:
+        from asrkit.decoding.lm_fusion import lm_token_ids
+        from asrkit.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.load(config.data.tokenizer)
+        pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
+        for option, lm in lms.items():
+            lm_token_ids(lm, pieces, f"--{option}", config.features.kind == "nemo")
 
 
 def experiment_or_config(
@@ -162,6 +183,21 @@ def _check_fusion_arguments(args: argparse.Namespace) -> None:
                      if getattr(args, o, None)}  # fmt: skip
 
 
+def fusion_settings(args: argparse.Namespace, decode) -> dict:
+    """What `--boost`, `--lm` and `--lodr` fuse, each with the weight used (given, or from
+    `decode`, a DecodeConfig): {"boost": path, "boost_weight": w, "lm": ...}, empty without
+    them. What a result records beside its scores."""
+    settings = {}
+    for option in ("boost", "lm", "lodr"):
+        if getattr(args, option, None):
+            given = getattr(args, f"{option}_weight", None)
+            settings[option] = str(getattr(args, option))
+            settings[f"{option}_weight"] = (
+                getattr(decode, f"{option}_weight") if given is None else given
+            )
+    return settings
+
+
 def fusion_for(args: argparse.Namespace, tokenizer, vocab_size: int, decode, nemo_ids=False):
     """The tables `--boost`, `--lm` and `--lodr` ask for (None without them), over
     `vocab_size` ids; weights from `decode` (a DecodeConfig) unless given. `nemo_ids`: the
@@ -173,16 +209,13 @@ def fusion_for(args: argparse.Namespace, tokenizer, vocab_size: int, decode, nem
     from asrkit.decoding.fusion import combine
     from asrkit.decoding.lm_fusion import lm_automaton
 
+    settings = fusion_settings(args, decode)
     automata = []
     if args.boost:
-        weight = decode.boost_weight if args.boost_weight is None else args.boost_weight
-        automata.append(load_boost(args.boost, tokenizer, vocab_size, weight))
+        automata.append(load_boost(args.boost, tokenizer, vocab_size, settings["boost_weight"]))
     pieces = [tokenizer.piece(i) for i in range(vocab_size)]
     for option, sign in (("lm", 1.0), ("lodr", -1.0)):
         if option in lms:
-            given = getattr(args, f"{option}_weight")
-            weight = getattr(decode, f"{option}_weight") if given is None else given
-            automata.append(
-                lm_automaton(lms[option], pieces, sign * weight, f"--{option}", nemo_ids)
-            )
+            weight = sign * settings[f"{option}_weight"]
+            automata.append(lm_automaton(lms[option], pieces, weight, f"--{option}", nemo_ids))
     return combine(*automata)

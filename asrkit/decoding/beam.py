@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
-from asrkit.decoding.fusion import advanced, final_scores, step_scores
+from asrkit.decoding.fusion_steps import advanced, final_scores, step_scores
 from asrkit.decoding.greedy import fusion_start
 from asrkit.tokenizer import BLANK_ID
 

@@ -32,6 +32,10 @@ from asrkit.tokenizer import BLANK_ID, UNK_ID
 
 DEFAULT_WEIGHT = DecodeConfig.boost_weight  # per piece, in nats; defined there once
 SEGMENTATIONS = 4  # a phrase's most likely segmentations boosted (unigram tokenizers)
+# Per-piece weights from which boosting was measured to hallucinate (RESULTS.md, "Word
+# boosting"): at 2, greedy search wrote fragments of boosted phrases into sentences without
+# them (WER there 0.74 -> 26 %) and beam search kept hypotheses stopping inside a phrase.
+HALLUCINATING_WEIGHT = 2.0
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,8 @@ class Phrase:
 
 def read_phrases(path: str | Path, weight: float = DEFAULT_WEIGHT) -> list[Phrase]:
     """A phrase list: one phrase per line, or `phrase<TAB>weight`; blank lines and lines
-    starting with # are skipped. A bad weight or a missing file is named with its line."""
+    starting with # are skipped (a list of none is no boosting). A bad weight or a missing
+    file is named with its line."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -69,8 +74,6 @@ def read_phrases(path: str | Path, weight: float = DEFAULT_WEIGHT) -> list[Phras
         if not text.strip():
             raise InputError(f"--boost {path}:{number}: a weight without a phrase")
         phrases.append(Phrase(" ".join(text.split()), own))
-    if not phrases:
-        raise InputError(f"--boost {path}: no phrase in it")
     return phrases
 
 
@@ -81,17 +84,29 @@ def phrase_sequences(phrases: list[Phrase], tokenizer) -> dict[tuple[int, ...], 
     likely segmentations. Phrases holding a character the model cannot emit are left out
     with one warning naming them."""
     out: dict[tuple[int, ...], float] = {}
-    unusable = []
+    unusable, risky = [], []
     for phrase in phrases:
         if tokenizer.unknown(phrase.text):
             unusable.append(phrase.text)
             continue
         variants = dict.fromkeys([phrase.text, phrase.text[:1].upper() + phrase.text[1:]])
+        pieces = []
         for variant in variants:
             for ids in tokenizer.segmentations(variant, SEGMENTATIONS):
                 key = tuple(int(i) for i in ids)
                 if key and UNK_ID not in key and BLANK_ID not in key:
                     out[key] = max(out.get(key, 0.0), phrase.weight)
+                    pieces.append(len(key))
+        if pieces and phrase.weight >= HALLUCINATING_WEIGHT:
+            risky.append(f"{phrase.text!r} {phrase.weight:g} x {min(pieces)} pieces = "
+                         f"{phrase.weight * min(pieces):g}")  # fmt: skip
+    if risky:
+        warnings.warn(
+            f"{len(risky)} phrase(s) weighted {HALLUCINATING_WEIGHT:g} or more per piece, the "
+            f"range where boosting writes phrases into speech without them (bonus in nats: "
+            f"{', '.join(risky[:5])}); start at 0.5-1 and measure (docs/boosting.md)",
+            stacklevel=2,
+        )
     if unusable:
         warnings.warn(
             f"{len(unusable)} phrase(s) hold characters this model cannot emit and are not "
@@ -158,7 +173,11 @@ def no_boost(vocab_size: int) -> Automaton:
 def load_boost(path, tokenizer, vocab_size: int, weight: float = DEFAULT_WEIGHT) -> Automaton:
     """A phrase list file as its automaton (`asrkit.decoding.fusion.combine` makes the
     tables a search takes)."""
-    sequences = phrase_sequences(read_phrases(path, weight), tokenizer)
+    phrases = read_phrases(path, weight)
+    if not phrases:
+        warnings.warn(f"--boost {path}: no phrase in it; decoding without boosting", stacklevel=2)
+        return no_boost(vocab_size)
+    sequences = phrase_sequences(phrases, tokenizer)
     if not sequences:
         raise InputError(f"--boost {path}: none of its phrases can be written with this model")
     return boost_tables(sequences, vocab_size)

@@ -9,6 +9,9 @@ them at once as one `FusionTables`: the automata's rows one after another, and a
 hypothesis holds one state per automaton ([..., A] state indices into the shared rows).
 A hypothesis's extra score is the sum of what its automata earned. Equal token sequences
 are in equal states, so a beam search that merges them keeps the states right.
+
+The tables are built here in NumPy (no TensorFlow: a command reads and checks them before
+any model loads); `asrkit.decoding.fusion_steps` steps them inside a search.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-import tensorflow as tf
 
 from asrkit.errors import InputError
 from asrkit.tokenizer import BLANK_ID
@@ -65,34 +67,6 @@ def combine(*automata: Automaton) -> FusionTables:
         bonus=np.concatenate([a.bonus for a in automata]).astype(np.float32),
         final=np.concatenate([a.final for a in automata]).astype(np.float32),
     )
-
-
-def as_tensors(tables: FusionTables) -> FusionTables:
-    return FusionTables(*(tf.convert_to_tensor(x) for x in tables))
-
-
-def start_states(tables: FusionTables, shape) -> tf.Tensor:
-    """Every hypothesis of `shape` ([B] or [B, K]) at the automata's start: [*shape, A]."""
-    start = tf.convert_to_tensor(tables.start, tf.int32)
-    return tf.broadcast_to(start, tf.concat([shape, tf.shape(start)], axis=0))
-
-
-def step_scores(tables: FusionTables, where) -> tf.Tensor:
-    """States [..., A] -> what each token earns from them, summed over automata [..., V]."""
-    return tf.reduce_sum(tf.gather(tables.bonus, where), axis=-2)
-
-
-def advanced(tables: FusionTables, where, symbol, emit) -> tf.Tensor:
-    """States [..., A] after `symbol` [...] where `emit` [...], as they were elsewhere
-    (`symbol` may be negative where nothing is emitted)."""
-    token = tf.broadcast_to(tf.maximum(symbol, 0)[..., None], tf.shape(where))
-    stepped = tf.gather_nd(tables.next_state, tf.stack([where, token], axis=-1))
-    return tf.where(emit[..., None], stepped, where)
-
-
-def final_scores(tables: FusionTables, where) -> tf.Tensor:
-    """States [..., A] -> what ending there earns, summed over automata [...]."""
-    return tf.reduce_sum(tf.gather(tables.final, where), axis=-1)
 
 
 def blank_free(next_state: np.ndarray, bonus: np.ndarray) -> None:

@@ -44,12 +44,11 @@ def nemo_token_names(vocab_size: int) -> list[str]:
     return ["<blank>", *(chr(NEMO_TOKEN_OFFSET + k) for k in range(vocab_size - 1))]
 
 
-def lm_automaton(
-    lm: NGramLM, pieces: list[str], weight: float, name: str = "--lm", nemo_ids: bool = False
-) -> Automaton:
-    """`lm` (over the strings of `pieces`, indexed by token id) as an `Automaton` earning
-    `weight` x its natural-log probabilities. With `nemo_ids` (a model imported from NeMo)
-    an LM in NeMo's token encoding is taken too. An LM over other units (words, another
+def lm_token_ids(
+    lm: NGramLM, pieces: list[str], name: str = "--lm", nemo_ids: bool = False
+) -> dict[str, int]:
+    """The token id of each word of `lm`: its words must be the model's pieces (or, with
+    `nemo_ids`, NeMo's token names of them); an LM over other units (words, another
     tokenizer's pieces) is refused, naming some of them."""
     words = [w for w in lm.words if w not in (START, END, UNKNOWN)]
     ids = {piece: i for i, piece in enumerate(pieces) if i != BLANK_ID}
@@ -65,6 +64,17 @@ def lm_automaton(
             "model's own pieces (or, for a model imported from NeMo, NeMo's token LM of it); "
             "make one from text with `asrkit lm train`"
         )
+    return ids
+
+
+def lm_automaton(
+    lm: NGramLM, pieces: list[str], weight: float, name: str = "--lm", nemo_ids: bool = False
+) -> Automaton:
+    """`lm` (over the strings of `pieces`, indexed by token id) as an `Automaton` earning
+    `weight` x its natural-log probabilities. With `nemo_ids` (a model imported from NeMo)
+    an LM in NeMo's token encoding is taken too. An LM over other units (words, another
+    tokenizer's pieces) is refused, naming some of them."""
+    ids = lm_token_ids(lm, pieces, name, nemo_ids)
     vocab = len(pieces)
     contexts = lm_contexts(lm)
     if len(contexts) * vocab > MAX_TABLE_ENTRIES:

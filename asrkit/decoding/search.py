@@ -18,8 +18,10 @@ from asrkit.config import DecodeConfig
 from asrkit.decoding.beam import beam_search, live_slots
 from asrkit.decoding.ctc_greedy import ctc_greedy_search
 from asrkit.decoding.found import Found
-from asrkit.decoding.fusion import FusionTables, as_tensors
+from asrkit.decoding.fusion import FusionTables
+from asrkit.decoding.fusion_steps import as_tensors
 from asrkit.decoding.greedy import greedy_search
+from asrkit.decoding.strategies import BOOST_UNSUPPORTED, NO_CTC_HEAD
 from asrkit.decoding.tdt_beam import tdt_beam_search
 from asrkit.decoding.tdt_greedy import tdt_greedy_search
 
@@ -156,15 +158,6 @@ def search(model, encoded, encoder_lengths, options: DecodeOptions, boost=None) 
         model, encoded, encoder_lengths, options.max_symbols_per_step, boost=boost
     )
     return Found(*(x[:, None] for x in found))
-
-
-BOOST_UNSUPPORTED = "--boost works in greedy and beam search, not --method ctc"
-
-
-NO_CTC_HEAD = (
-    "--method ctc: this model has no CTC head (model.ctc_head; a NeMo hybrid imports one); "
-    "use --method greedy or beam"
-)
 
 
 def describe(options: DecodeOptions) -> str:

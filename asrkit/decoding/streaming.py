@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig, FeatureConfig
 from asrkit.decoding.beam import Beams, beam_continue, beam_found, beam_start, taken_back
-from asrkit.decoding.fusion import as_tensors, start_states
+from asrkit.decoding.fusion_steps import as_tensors, start_states
 from asrkit.decoding.greedy import greedy_continue, greedy_start
 from asrkit.decoding.tdt_greedy import tdt_greedy_continue, tdt_greedy_start
 from asrkit.decoding.words import SUBSAMPLING

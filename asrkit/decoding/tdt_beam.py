@@ -32,7 +32,7 @@ from asrkit.decoding.beam import (
     taken_back,
     with_room,
 )
-from asrkit.decoding.fusion import advanced, step_scores
+from asrkit.decoding.fusion_steps import advanced, step_scores
 from asrkit.decoding.greedy import fusion_start
 from asrkit.tokenizer import BLANK_ID
 

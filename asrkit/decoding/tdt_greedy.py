@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from asrkit.config import DecodeConfig
 from asrkit.decoding.found import Found
-from asrkit.decoding.fusion import advanced
+from asrkit.decoding.fusion_steps import advanced
 from asrkit.decoding.greedy import best_symbols, emit_and_advance, fusion_start, window_hidden
 from asrkit.tokenizer import BLANK_ID
 

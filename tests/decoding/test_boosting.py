@@ -3,6 +3,7 @@ phrase list, and the searches with boosting against references (weight 0, an eag
 frame-by-frame greedy search, an exhaustive search of every path)."""
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -13,11 +14,13 @@ from asrkit.decoding.beam import live_slots
 from asrkit.decoding.boosting import (
     Phrase,
     boost_tables,
+    load_boost,
     no_boost,
     phrase_sequences,
     read_phrases,
 )
-from asrkit.decoding.fusion import as_tensors, combine
+from asrkit.decoding.fusion import combine
+from asrkit.decoding.fusion_steps import as_tensors
 from asrkit.decoding.search import DecodeOptions, decode_batch, decode_nbest
 from asrkit.errors import InputError
 from asrkit.tokenizer import BLANK_ID, train_tokenizer
@@ -119,7 +122,6 @@ def test_a_phrase_list_reads_phrases_and_weights(tmp_path):
         ("a\tnan\n", "boost.txt:1: weight 'nan'"),
         ("a\t-1\n", "boost.txt:1: weight '-1'"),
         ("\t2\n", "boost.txt:1: a weight without a phrase"),
-        ("# only a comment\n", "boost.txt: no phrase in it"),
     ],
 )
 def test_a_bad_phrase_list_is_named_with_its_line(tmp_path, text, message):
@@ -127,6 +129,27 @@ def test_a_bad_phrase_list_is_named_with_its_line(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(InputError, match=message):
         read_phrases(path)
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n\n"])
+def test_a_list_without_phrases_is_no_boosting(tmp_path, tiny_tokenizer, text):
+    path = tmp_path / "boost.txt"
+    path.write_text(text)
+    assert read_phrases(path) == []
+    with pytest.warns(UserWarning, match="boost.txt: no phrase in it; decoding without"):
+        tables = load_boost(path, tiny_tokenizer, 7)
+    want = no_boost(7)
+    for got, ref in zip(tables, want, strict=True):
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_weights_in_the_hallucinating_range_are_named_with_their_bonus(tiny_tokenizer):
+    pieces = len(tiny_tokenizer.encode("cab"))
+    with pytest.warns(UserWarning, match=f"1 phrase.*'cab' 2.5 x {pieces} pieces = "):
+        phrase_sequences([Phrase("cab", 2.5), Phrase("ab", 1.0)], tiny_tokenizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        phrase_sequences([Phrase("cab", 1.9), Phrase("ab", 1.0)], tiny_tokenizer)
 
 
 def test_phrases_become_the_tokenizers_segmentations(tiny_tokenizer):

@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from asrkit.decoding.beam import live_slots
 from asrkit.decoding.boosting import boost_tables
-from asrkit.decoding.fusion import as_tensors, combine
+from asrkit.decoding.fusion import combine
+from asrkit.decoding.fusion_steps import as_tensors
 from asrkit.decoding.lm_fusion import lm_automaton
 from asrkit.decoding.search import DecodeOptions, decode_batch, decode_nbest
 from asrkit.errors import InputError

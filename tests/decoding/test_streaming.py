@@ -248,7 +248,7 @@ def test_a_boosted_stream_finds_what_boosted_search_finds_on_the_whole(
     """Word boosting while streaming: the automaton state rides in the carry, so pieces of
     any size end with the boosted whole-waveform search's tokens (and, for beam search, its
     best hypothesis's score: open matches taken back at the stream's end)."""
-    from asrkit.decoding.fusion import as_tensors
+    from asrkit.decoding.fusion_steps import as_tensors
 
     features = normalize(log_mel(clip, FEATURES))[None]
     encoded, lengths = network.encode(features, tf.shape(features)[1][None])
@@ -280,7 +280,7 @@ def test_a_boosted_stream_finds_what_boosted_search_finds_on_the_whole(
 def test_a_boosted_tdt_stream_finds_what_boosted_search_finds_on_the_whole(
     tdt_network, clip, normalize
 ):
-    from asrkit.decoding.fusion import as_tensors
+    from asrkit.decoding.fusion_steps import as_tensors
     from asrkit.decoding.tdt_greedy import tdt_greedy_search
 
     features = normalize(log_mel(clip, FEATURES))[None]
