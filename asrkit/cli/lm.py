@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import NamedTuple
 
 from asrkit.errors import InputError
 
@@ -29,6 +30,11 @@ def register(subparsers) -> None:
         default=3,
         help="n-gram order (3; pieces of a letter or two want 5 or more)",
     )
+    train.add_argument(
+        "--allow-unknown", action="store_true",
+        help="train on text holding characters the tokenizer cannot encode (they become "
+             "<unk> pieces in the LM), with a warning, instead of refusing it",
+    )  # fmt: skip
     train.add_argument("--out", required=True, help="the ARPA file to write (.arpa)")
     train.set_defaults(func=run_train)
 
@@ -41,6 +47,8 @@ def run_train(args: argparse.Namespace) -> int:
     writable_file(args.out, "--out")
     tokenizer = _tokenizer(Path(args.tokenizer))
     sentences = _sentences(args)
+    _check_alphabet(sentences, tokenizer, args)
+    sentences = [s.text for s in sentences]
     from asrkit.ngram import estimate, write_arpa
     from asrkit.tokenizer import BLANK_ID
 
@@ -82,7 +90,32 @@ def _tokenizer(directory: Path):
     )
 
 
-def _sentences(args: argparse.Namespace) -> list[str]:
+class _Sentence(NamedTuple):
+    id: str  # the file and line, or the manifest's utterance id
+    text: str
+
+
+def _check_alphabet(sentences: list[_Sentence], tokenizer, args: argparse.Namespace) -> None:
+    """Text the tokenizer maps to <unk> is refused (as `features extract` refuses it), or
+    with --allow-unknown trained on with one warning."""
+    from asrkit.data.records import unknown_characters
+
+    option = "--text" if args.text else "--manifest"
+    what = unknown_characters(sentences, tokenizer, option)
+    if what is None:
+        return
+    if args.allow_unknown:
+        import warnings
+
+        warnings.warn(f"{what}: the LM learns <unk> where they stand", stacklevel=2)
+        return
+    raise InputError(
+        f"{what}: an LM over this tokenizer's pieces would learn <unk> there; normalise "
+        "the text to the model's alphabet, or pass --allow-unknown"
+    )
+
+
+def _sentences(args: argparse.Namespace) -> list[_Sentence]:
     sentences = []
     if args.text:
         for path in map(Path, args.text):
@@ -92,14 +125,15 @@ def _sentences(args: argparse.Namespace) -> list[str]:
                 lines = path.read_text(encoding="utf-8").splitlines()
             except UnicodeDecodeError as err:
                 raise InputError(f"--text {path}: not UTF-8 text ({err.reason})") from None
-            sentences += [line.strip() for line in lines if line.strip()]
+            sentences += [_Sentence(f"{path.name}:{number}", line.strip())
+                          for number, line in enumerate(lines, 1) if line.strip()]  # fmt: skip
     else:
         from asrkit.data.manifest import iter_manifest
 
         for path in map(Path, args.manifest):  # transcripts only: the audio need not be here
             if not path.is_file():
                 raise InputError(f"--manifest {path}: no such manifest")
-            sentences += [u.text for u in iter_manifest(path) if u.text.strip()]
+            sentences += [_Sentence(u.id, u.text) for u in iter_manifest(path) if u.text.strip()]
     if not sentences:
         option = "--text" if args.text else "--manifest"
         raise InputError(f"{option}: no sentence to train on (empty files?)")

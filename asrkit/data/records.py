@@ -152,25 +152,33 @@ class UnknownCharacters(UserError, ValueError):
     """Transcripts holding characters the tokenizer cannot encode."""
 
 
+def unknown_characters(texts, tokenizer: Tokenizer, source) -> str | None:
+    """What in `texts` (each with an `id` and a `text`) the tokenizer cannot encode: how
+    many, which characters how often, the first ids; None when everything encodes."""
+    found: dict[str, int] = {}
+    bad = []
+    for item in texts:
+        unknown = tokenizer.unknown(item.text)
+        if unknown:
+            bad.append(item.id)
+            for stretch in unknown:
+                found[stretch] = found.get(stretch, 0) + 1
+    if not bad:
+        return None
+    shown = ", ".join(f"{c!r} x{n}" for c, n in sorted(found.items(), key=lambda x: -x[1])[:8])
+    return (f"{source}: {len(bad)} utterance(s) hold characters the tokenizer cannot encode "
+            f"({shown}), e.g. {', '.join(bad[:3])}")  # fmt: skip
+
+
 def refuse_unknown_characters(
     utterances, tokenizer: Tokenizer, manifest, warn: bool = False
 ) -> None:
     """Every transcript must be encodable without `<unk>`: the tokenizer's pieces are the
     alphabet. Otherwise an error naming the utterances, the characters and their counts,
     before any shard is written (`warn`: the same as one warning)."""
-    found: dict[str, int] = {}
-    bad = []
-    for utt in utterances:
-        unknown = tokenizer.unknown(utt.text)
-        if unknown:
-            bad.append(utt.id)
-            for stretch in unknown:
-                found[stretch] = found.get(stretch, 0) + 1
-    if not bad:
+    what = unknown_characters(utterances, tokenizer, manifest)
+    if what is None:
         return
-    shown = ", ".join(f"{c!r} x{n}" for c, n in sorted(found.items(), key=lambda x: -x[1])[:8])
-    what = (f"{manifest}: {len(bad)} utterance(s) hold characters the tokenizer cannot encode "
-            f"({shown}), e.g. {', '.join(bad[:3])}")  # fmt: skip
     if warn:
         warnings.warn(f"{what}: their labels hold <unk> (scoring uses the transcripts)",
                       stacklevel=2)  # fmt: skip

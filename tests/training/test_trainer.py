@@ -952,6 +952,14 @@ def test_lm_train_and_decode_with_an_lm(workdir, uninterrupted, tmp_path):
     assert decode("zero", "--lm", str(arpa), "--lm-weight", "0") == plain
     fused = decode("fused", "--lm", str(arpa), "--lm-weight", "2", "--lodr", str(low),
                    "--lodr-weight", "0.5")  # fmt: skip
+    # the results say what produced them: the LMs and the weights used
+    recorded = json.loads((tmp_path / "fused" / "wer.json").read_text())
+    assert (recorded["lm"], recorded["lm_weight"]) == (str(arpa), 2.0)
+    assert (recorded["lodr"], recorded["lodr_weight"]) == (str(low), 0.5)
+    assert "lm" not in json.loads((tmp_path / "plain" / "wer.json").read_text())
+    assert f"LM {arpa} (weight 2) - LODR {low} (weight 0.5)" in (
+        (tmp_path / "fused" / "report.txt").read_text()
+    )
     tables = combine(lm_automaton(lm, pieces, 2.0), lm_automaton(read_arpa(low), pieces, -0.5))
     from asrkit.data.pipeline import pipeline_config
     from asrkit.decoding.runner import decode_shards
@@ -972,6 +980,30 @@ def test_lm_train_and_decode_with_an_lm(workdir, uninterrupted, tmp_path):
     recogniser = NetworkRecogniser.of(loaded, boost=combine(lm_automaton(lm, pieces, 2.0)))
     [want_text] = [t.text for t in transcribe_files(recogniser, [audio])]
     assert (out / f"{audio.stem}.txt").read_text().split("\t")[-1].strip() == want_text
+
+
+def test_lm_train_refuses_text_the_tokenizer_cannot_encode(workdir, tmp_path, capsys):
+    """Characters outside the tokenizer's alphabet would be <unk> in the LM: refused naming
+    the file, line and characters, nothing written; --allow-unknown trains with a warning."""
+    from asrkit.cli.main import main
+    from asrkit.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.load(workdir / "tokenizer")
+    text = tmp_path / "text.txt"
+    text.write_text("the red house\n\nthe caf\u00e9 \u00e9t\u00e9\n")
+    assert tokenizer.unknown("the caf\u00e9 \u00e9t\u00e9") and not tokenizer.unknown("the red")
+    arpa = tmp_path / "lm.arpa"
+    argv = ["lm", "train", "--tokenizer", str(workdir / "tokenizer"), "--text", str(text),
+            "--out", str(arpa)]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "1 utterance(s) hold characters the tokenizer cannot" in err[0]
+    assert "text.txt:3" in err[0] and "--allow-unknown" in err[0], err
+    assert not arpa.exists()
+    with pytest.warns(UserWarning, match="the LM learns <unk> where they stand"):
+        assert main([*argv, "--allow-unknown"]) == 0
+    assert arpa.is_file()
 
 
 def test_lm_train_warns_of_an_lm_too_big_for_a_search(workdir, tmp_path, monkeypatch, capsys):
