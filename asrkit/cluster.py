@@ -150,8 +150,9 @@ def _chair(cluster: Cluster, exp_dir: Path, settings: dict, deadline: float, tim
         server = _listen(port)
     except OSError as err:
         raise ClusterError(
-            f"{cluster.name(0)}: cannot listen on port {port} here ({err.strerror}); pick a "
-            "free port for the chief in --workers"
+            f"{cluster.name(0)}: cannot listen on port {port} here ({err.strerror}): if a "
+            "chief (--worker-index 0) is already running on this machine, give each process "
+            "its own --worker-index; otherwise pick a free port for the chief in --workers"
         ) from None
     with server:
         server.settimeout(_POLL)
@@ -180,11 +181,13 @@ def _chair(cluster: Cluster, exp_dir: Path, settings: dict, deadline: float, tim
                     continue
                 index = int(hello.get("index", -1))
                 if index in peers or index == 0:
-                    peer.close()
                     problem = (
                         f"two workers were started with --worker-index {index}: give each "
                         "machine its own place in the list"
                     )
+                    peer.send({"error": problem})  # the second one is told as well
+                    peer.receive()
+                    peer.close()
                     break
                 problem = _disagreement(cluster, hello, settings)
                 peers[index] = peer
@@ -247,7 +250,9 @@ def _attend(cluster: Cluster, exp_dir: Path, settings: dict, deadline: float, ti
     except OSError as err:
         raise ClusterError(
             f"{cluster.name(cluster.index)}: cannot listen on port {own} here "
-            f"({err.strerror}); pick a free port for this worker in --workers"
+            f"({err.strerror}): if --worker-index {cluster.index} is already running on this "
+            "machine, give each process its own --worker-index; otherwise pick a free port "
+            "for this worker in --workers"
         ) from None
     host, port = _host_port(cluster.workers[0], "--workers")
     hello = {"index": cluster.index, "workers": list(cluster.workers), "settings": settings}
@@ -270,8 +275,9 @@ def _attend(cluster: Cluster, exp_dir: Path, settings: dict, deadline: float, ti
             message = peer.receive()
             if message is None:
                 raise ClusterError(
-                    f"the chief, {cluster.name(0)}, closed the connection during start-up: "
-                    "see its output"
+                    f"the chief, {cluster.name(0)}, closed the connection during start-up "
+                    f"(had worker {cluster.index} already joined from another process? give "
+                    "each its own --worker-index): see the chief's output"
                 )
             if "check" in message:
                 try:
@@ -339,9 +345,10 @@ def settings_of(config) -> dict:
 _TASK = re.compile(r"/job:(chief|worker)/replica:\d+/task:(\d+)")
 
 
-def lost_worker(cluster: Cluster, error: Exception, where: str) -> WorkerLost:
+def lost_worker(cluster: Cluster, error: Exception, checkpoint: str | None) -> WorkerLost:
     """TensorFlow's error from a collective whose peer went away, as one line naming that
-    worker (the first other task its message names) and what to do."""
+    worker (the first other task its message names) and what to do: resume from
+    `checkpoint` (the last complete one's name), or with none yet start again."""
     text = str(error)
     named = None
     for job, task in _TASK.findall(text):
@@ -350,10 +357,13 @@ def lost_worker(cluster: Cluster, error: Exception, where: str) -> WorkerLost:
             named = cluster.name(index)
             break
     reason = next((why for clue, why in _REASONS if clue in text), type(error).__name__)
-    return WorkerLost(
-        f"{named or 'another worker'} stopped answering ({reason}); {where}: start every "
-        "worker again with the same command to resume from it"
-    )
+    if checkpoint is None:
+        what = ("no checkpoint was written yet: start every worker again with the same "
+                "command to train from the start")  # fmt: skip
+    else:
+        what = (f"the last complete checkpoint is {checkpoint}: start every worker again with "
+                "the same command to resume from it")  # fmt: skip
+    return WorkerLost(f"{named or 'another worker'} stopped answering ({reason}); {what}")
 
 
 _REASONS = (  # what TensorFlow's message says -> in a few words
