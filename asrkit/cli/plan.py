@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = experiment_or_config(args.config, args.exp_dir, args.overrides)
     writable_directory(args.exp_dir, "--exp-dir")
+    _check_training_data(config, Path(args.exp_dir))
     from asrkit.data.batch_plan import save_plan
     from asrkit.experiment import PLAN_FILE
     from asrkit.sizes import format_bytes
@@ -86,3 +87,22 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print(f"wrote {path}; train with: asrkit train ... --plan {path}")
     return 0
+
+
+def _check_training_data(config, exp_dir: Path) -> None:
+    """The plan measures the training data's lengths: without shards, say so (an imported
+    model comes without any) and how to give them, before anything loads."""
+    from asrkit.errors import InputError
+    from asrkit.experiment import CONFIG_FILE
+
+    shards = Path(config.data.train_shards)
+    if (shards / "shards.json").is_file():
+        return
+    recorded = exp_dir / CONFIG_FILE
+    imported = recorded.is_file() and recorded.read_text().startswith("# Imported from")
+    what = "an imported model comes without training data" if imported else "no shards there"
+    raise InputError(
+        f"data.train_shards {shards}: {what}; the plan measures your training data: "
+        f"extract its features (`asrkit features extract --config {recorded} ...`) and add "
+        "--set data.train_shards=DIR"
+    )

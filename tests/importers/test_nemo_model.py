@@ -336,6 +336,11 @@ def test_plan_measures_the_imported_model_itself(imported, tmp_path, monkeypatch
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
+    capsys.readouterr()  # without shards: the import's missing data is named, and the fix
+    assert main(["plan", "--exp-dir", str(exp), "--memory", "2GiB"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "an imported model comes without training data" in err[0], err
+    assert "--set data.train_shards=DIR" in err[0] and not (exp / "plan.json").exists()
     for config in ([], ["--config", str(exp / "config.yaml")]):
         capsys.readouterr()
         argv = ["plan", "--exp-dir", str(exp), "--memory", "2GiB", "--device", "CPU:0",
