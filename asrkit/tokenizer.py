@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -155,6 +156,14 @@ def train_tokenizer(
             minloglevel=2,
         )
     except RuntimeError as err:
+        fits = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)",
+                         str(err))  # fmt: skip
+        if fits:
+            raise InputError(
+                f"--vocab-size {fits[1]}: this text holds too few distinct pieces for that "
+                f"many; at most {fits[2]} fit (the fine-tuning recipe: --vocab {fits[2]} or "
+                "less), or train on more text"
+            ) from None
         raise InputError(f"sentencepiece refused the tokenizer settings: {err}") from None
     settings = TokenizerSettings(
         vocab_size=vocab_size, model_type=model_type, lower_case=not keep_case

@@ -1,6 +1,7 @@
 """SentencePiece tokenizer: blank id 0 never emitted, round trips, settings saved beside it."""
 
 import json
+import re
 
 import pytest
 
@@ -30,9 +31,16 @@ def test_round_trip_and_blank(tmp_path, model_type, size):
     assert json.loads((tmp_path / "tokenizer.json").read_text())["model_type"] == model_type
 
 
-def test_impossible_vocab_size_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="sentencepiece refused"):
-        train_tokenizer(TEXTS, tmp_path, 5000, "unigram")
+def test_impossible_vocab_size_names_the_size_that_fits(tmp_path):
+    """Too many pieces for the text: the error names the largest size that trains, in the
+    option's words (SentencePiece's own message is an internal assertion)."""
+    with pytest.raises(ValueError, match=r"--vocab-size 5000: .* at most (\d+) fit") as err:
+        train_tokenizer(TEXTS, tmp_path / "a", 5000, "unigram")
+    fits = int(re.search(r"at most (\d+) fit", str(err.value))[1])
+    assert "INTERNAL" not in str(err.value)
+    assert train_tokenizer(TEXTS, tmp_path / "b", fits, "unigram").vocab_size == fits
+    with pytest.raises(ValueError, match=f"--vocab-size {fits + 1}: "):
+        train_tokenizer(TEXTS, tmp_path / "c", fits + 1, "unigram")
 
 
 def test_cli_trains_from_manifests(tmp_path, capsys):
