@@ -315,6 +315,19 @@ def test_transcribe_cli_with_an_export_and_an_experiment(experiment, tmp_path, c
         err = capsys.readouterr().err
         assert says in err and len(err.strip().splitlines()) == 1, (wrong, err)
 
+    # One unreadable file among several: the others are transcribed and written, the bad
+    # one named, exit 2.
+    broken = tmp_path / "broken.flac"
+    broken.write_bytes(b"not audio at all")
+    for source in (["--model", str(out)], ["--exp-dir", str(exp)]):
+        done = tmp_path / f"done{len(source[0])}"
+        argv = ["transcribe", *source, paths[0], str(broken), paths[1], "--out-dir", str(done)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert any("broken.flac: cannot read audio" in line for line in err), err
+        assert "1 of 3 file(s) could not be read" in err[-1]
+        assert sorted(p.stem for p in done.iterdir()) == sorted(Path(p).stem for p in paths[:2])
+
 
 def test_exported_beam_search_matches_beam_decoding(experiment, tmp_path):
     import tensorflow as tf
@@ -549,36 +562,18 @@ def test_a_streaming_export_with_boosting_and_an_lm_built_in(experiment, tmp_pat
 
 def run_litert(model_path, paths):
     """The LiteRT model of the streaming step, fed the same 0.13 s pieces from the initial
-    state saved beside it."""
+    state saved beside it, by the code docs/export.md shows users."""
     import warnings
 
-    import tensorflow as tf
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
-        # XNNPACK cannot re-plan the Conformer's attention when its history grows
-        interpreter = tf.lite.Interpreter(
-            model_path=str(model_path),
-            experimental_op_resolver_type=(
-                tf.lite.experimental.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
-            ),
-        )
-    runner = interpreter.get_signature_runner("stream_tokens")
-    finish = interpreter.get_signature_runner("finish_tokens")
+    doc = (Path(__file__).resolve().parents[1] / "docs/export.md").read_text()
+    code = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace = {}
+    exec(compile(code, "docs/export.md", "exec"), namespace)
     results = []
     for path in paths:
-        samples = read_audio(path)
-        with np.load(f"{model_path}.initial_state.npz") as initial:
-            state = dict(initial)
-        tokens, times = [], []
-        for start in range(0, len(samples), 2080):
-            out = runner(samples=samples[start : start + 2080].astype(np.float32), **state)
-            state = {k: v for k, v in out.items() if k.startswith("state_")}
-            tokens += out["tokens"].tolist()[1:]  # LiteRT: one padding entry in front
-            times += out["token_times"].tolist()[1:]
-        out = finish(**state)
-        tokens += out["tokens"].tolist()[1:]
-        times += out["token_times"].tolist()[1:]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
+            tokens, times = namespace["stream_with_litert"](model_path, read_audio(path))
         results.append({"tokens": tokens, "times": times})
     return results
 

@@ -4,6 +4,7 @@ experiment or a SavedModel; long files are decoded in overlapping windows."""
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from asrkit.cli.options import (
     add_fusion_arguments,
     add_search_arguments,
     add_weights_arguments,
+    check_before_loading,
     check_search_arguments,
     fusion_for,
     search_options,
@@ -97,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
     missing = [f for f in args.files if not args.manifest and not Path(f).is_file()]
     if missing:
         raise InputError(f"no such audio file: {missing[0]}")
+    if not args.model:  # before TensorFlow: what the experiment's files can answer
+        from asrkit.experiment import load_experiment_config
+
+        check_before_loading(args, load_experiment_config(args.exp_dir))
     from asrkit.decoding import formats
     from asrkit.decoding.long_audio import windowing_for
     from asrkit.decoding.transcribe import transcribe_files
@@ -113,11 +119,20 @@ def run(args: argparse.Namespace) -> int:
         _check_streaming(args)
     elif args.realtime:
         raise InputError("--realtime simulates a live stream: use it with --streaming")
+    from asrkit.audio import AudioError
+
     recognise = _model_recogniser(args) if args.model else _experiment_recogniser(args)
+    unreadable = []  # one bad file among several: the others are transcribed, it is named
     if args.streaming:
-        found = [_stream(recognise, path, args) for path in args.files]
+        found = []
+        for path in args.files:
+            try:
+                found.append(_stream(recognise, path, args))
+            except AudioError as err:
+                unreadable.append(err)
     else:
-        found = transcribe_files(recognise, args.files, windowing=windowing)
+        found = transcribe_files(recognise, args.files, windowing=windowing,
+                                 unreadable=unreadable)  # fmt: skip
     render = {
         "text": formats.as_text,
         "json": lambda t: formats.as_json(t, args.nbest),
@@ -133,6 +148,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         for transcript in found:
             print(render(transcript))
+    if unreadable:
+        for err in unreadable:
+            print(f"asrkit transcribe: error: {err}", file=sys.stderr)
+        print(f"asrkit transcribe: error: {len(unreadable)} of {len(args.files)} file(s) "
+              "could not be read (named above); the others were transcribed",
+              file=sys.stderr)  # fmt: skip
+        return 2
     return 0
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from asrkit.audio import read_audio
+from asrkit.audio import AudioError, read_audio
 from asrkit.config import ExperimentConfig
 from asrkit.data.manifest import Utterance, read_utterance
 from asrkit.decoding.beam import beam_found
@@ -178,20 +178,27 @@ def transcribe_files(
     paths: list,
     batch_seconds: float = 60.0,
     windowing: Windowing | None = None,
+    unreadable: list[AudioError] | None = None,
 ) -> list[Transcript]:
     """Each audio file's transcript, in the order given; files longer than
     `windowing.max_seconds` are decoded in overlapping windows and joined by time.
     Windows are decoded in batches of at most `batch_seconds` padded audio. An item may be
     a manifest `Utterance` instead of a path (its segment, if it has one; its transcript
-    is named by its id)."""
+    is named by its id). With `unreadable` (a list), a file that cannot be read is left
+    out and its error appended there; without it, the error is raised."""
     windowing = windowing or Windowing()
     rate = recognise.sample_rate
     audio = {}
     for item in paths:
-        if isinstance(item, Utterance):
-            audio[item.id] = read_utterance(item, rate)
-        else:
-            audio[str(item)] = read_audio(str(item), rate)
+        try:
+            if isinstance(item, Utterance):
+                audio[item.id] = read_utterance(item, rate)
+            else:
+                audio[str(item)] = read_audio(str(item), rate)
+        except AudioError as err:
+            if unreadable is None:
+                raise
+            unreadable.append(err)
     paths = list(audio)
     step = round(recognise.clock.period * rate)  # windows start on encoder frames
     windows_of = {p: plan_windows(audio[p], rate, windowing, step) for p in paths}
