@@ -356,18 +356,9 @@ def export_streaming(
     pieces = tf.constant(tokenizer.surface_pieces())
     clock = FrameClock.of(config.features, experiment.emission_delay, config.model.encoder)
     template = decoder.initial_state()
-    flat = tf.nest.flatten(template)
+    flat = tf.nest.flatten(decoder.state_spec)
     names = [f"state_{i:02d}" for i in range(len(flat))]
-    # An axis that starts empty grows (or shrinks) as audio comes; the others keep their size,
-    # but for the samples held (for NeMo's features they start as the zeros before the
-    # stream's first frame).
-    open_axes = [[d == 0 for d in t.shape] for t in flat]
-    open_axes[0] = [True]  # StreamState.samples
-    specs = [
-        tf.TensorSpec([None if o else d for d, o in zip(t.shape, axes, strict=True)], t.dtype,
-                      name=name)
-        for t, axes, name in zip(flat, open_axes, names, strict=True)
-    ]  # fmt: skip
+    specs = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat, names, strict=True)]
     spec_of = dict(zip(names, specs, strict=True))
 
     def initial_state():

@@ -93,8 +93,30 @@ class StreamingDecoder:
         self.boost = None if boost is None else as_tensors(boost)
         if self.beam < 1:
             raise ValueError(f"beam must be >= 1, got {beam}")
-        self._compiled = tf.function(self._step, reduce_retracing=True, autograph=False)
-        self._compiled_finish = tf.function(self._finish, reduce_retracing=True, autograph=False)
+        self.state_spec = self._state_spec()
+        # One signature for every call: each step and the finish trace once per decoder,
+        # whatever the pieces' sizes and however far the stream has come.
+        self._compiled = tf.function(
+            self._step, input_signature=[tf.TensorSpec([None], tf.float32), self.state_spec],
+            autograph=False,
+        )  # fmt: skip
+        self._compiled_finish = tf.function(
+            self._finish, input_signature=[self.state_spec], autograph=False
+        )
+
+    def _state_spec(self) -> StreamState:
+        """The shapes a state can take: an axis that starts empty grows (or shrinks) as
+        audio comes, the others keep their size; the samples held are any number (for
+        NeMo's features they start as the zeros before the stream's first frame)."""
+        template = self.initial_state()
+        flat = tf.nest.flatten(template)
+        open_axes = [[d == 0 for d in t.shape] for t in flat]
+        open_axes[0] = [True]  # StreamState.samples
+        specs = [
+            tf.TensorSpec([None if o else d for d, o in zip(t.shape, axes, strict=True)], t.dtype)
+            for t, axes in zip(flat, open_axes, strict=True)
+        ]
+        return tf.nest.pack_sequence_as(template, specs)
 
     def initial_state(self) -> StreamState:
         # NeMo's features: from one sample before the first frame (centred: n_fft / 2

@@ -142,6 +142,12 @@ def test_pieces_of_any_size_find_the_whole_waveforms_tokens(network, clip, norma
     np.testing.assert_array_equal(frames, want_frames)
     assert int(state.frames) == encoder_length
     assert len(state.samples) < FEATURES.frame_length and len(state.features) < 7
+    # The same decoder streams again in other pieces: its step and its finish were each
+    # traced once for both streams (a trace of a 17-block Conformer's step takes seconds).
+    again, _, _ = streamed(decoder, clip, [*rng.integers(1, 5000, size=20), len(clip)])
+    np.testing.assert_array_equal(again, want_tokens)
+    assert decoder._compiled.experimental_get_tracing_count() == 1
+    assert decoder._compiled_finish.experimental_get_tracing_count() == 1
 
 
 def hypotheses(found):
