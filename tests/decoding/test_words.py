@@ -9,8 +9,16 @@ import pytest
 import tensorflow as tf
 
 from asrkit.config import FeatureConfig
+from asrkit.decoding.formats import CUE_BREAK_SECONDS, as_srt
 from asrkit.decoding.search import Hypothesis
-from asrkit.decoding.words import FrameClock, align, detokenize, timed_words
+from asrkit.decoding.words import (
+    SECONDS_PER_CHARACTER,
+    FrameClock,
+    Word,
+    align,
+    detokenize,
+    timed_words,
+)
 from asrkit.models.subsampling import ConvSubsampling
 
 # A piece table like `Tokenizer.surface_pieces`: blank, a bare boundary, word-initial
@@ -38,14 +46,19 @@ def python_words(tokens, frames, log_probs, clock):
         for text, first, last, low in words
         if text.strip()
     ]  # fmt: skip
-    # A word ends one frame after its last token, but not after the next word starts (nor
-    # before its own last token).
+    # A word lasts its characters at the utterance's pace (the characters and spaces from
+    # the first word's start to the last's over that time; 65 ms each with fewer than three
+    # words), at least until one frame after its last token, but not past the next word's
+    # start (nor before its own last token).
+    pace = SECONDS_PER_CHARACTER
+    if len(kept) >= 3 and kept[-1][1] > kept[0][1]:
+        pace = (kept[-1][1] - kept[0][1]) / sum(len(k[0]) + 1 for k in kept[:-1])
     out = []
     for i, (text, start, last_time, confidence) in enumerate(kept):
-        end = last_time + clock.period
+        end = max(last_time + clock.period, start + len(text) * pace)
         if i + 1 < len(kept):
-            end = max(min(end, kept[i + 1][1]), last_time)
-        out.append((text, start, end, confidence))
+            end = min(end, kept[i + 1][1])
+        out.append((text, start, max(end, last_time), confidence))
     return out
 
 
@@ -75,6 +88,39 @@ def test_timed_words_equal_a_plain_python_grouping():
             assert word == -1 or PIECES[token] == " " or alignment.words[word].text
         checked_words += len(alignment.words)
     assert checked_words > 100
+
+
+def test_a_one_piece_word_lasts_its_characters_at_the_utterances_pace():
+    """Four one-piece words at frames 0, 10, 20, 40: each lasts its characters at the pace
+    of the utterance (not the 40 ms of one frame), up to the next word's start."""
+    clock = FrameClock.of(FeatureConfig())
+    pieces = ["", " alpha", " be", " gamma", " delta"]
+    [alignment] = align([Hypothesis([1, 2, 3, 4], [0, 10, 20, 40], 0.0, "", [0.0] * 4)],
+                        pieces, clock)  # fmt: skip
+    starts = [clock.offset + f * clock.period for f in (0, 10, 20, 40)]
+    pace = (starts[-1] - starts[0]) / (6 + 3 + 6)  # ALPHA BE GAMMA, a space after each
+    want_ends = [min(starts[0] + 5 * pace, starts[1]), starts[1] + 2 * pace,
+                 starts[2] + 5 * pace, starts[3] + 5 * pace]  # fmt: skip
+    assert [w.start for w in alignment.words] == pytest.approx(starts, abs=1e-5)
+    assert [w.end for w in alignment.words] == pytest.approx(want_ends, abs=1e-5)
+    assert all(w.end - w.start > 2 * clock.period for w in alignment.words)
+
+
+def _word(text, start, end):
+    return Word(text, start, end, 1.0)
+
+
+def test_subtitles_break_at_a_pause_between_sentences():
+    """Gaps inside a sentence stay in one cue; a pause of CUE_BREAK_SECONDS starts another
+    (a sentence pause of 0.6 s of silence measured 0.75 s between the words around it)."""
+    from asrkit.decoding.transcribe import Transcript
+
+    words = [_word("ONE", 0.0, 0.3), _word("TWO", 0.45, 0.8), _word("THREE", 0.9, 1.3),
+             _word("FOUR", 1.3 + CUE_BREAK_SECONDS, 2.4), _word("FIVE", 2.5, 2.9)]  # fmt: skip
+    hypothesis = Hypothesis([], [], 0.0, "ONE TWO THREE FOUR FIVE", [])
+    cues = as_srt(Transcript("a.wav", hypothesis, words, [], 3.0)).strip().split("\n\n")
+    assert [c.splitlines()[2] for c in cues] == ["ONE TWO THREE", "FOUR FIVE"]
+    assert 0.3 < CUE_BREAK_SECONDS <= 0.6
 
 
 def test_detokenize_equals_joined_pieces_over_a_beam():
