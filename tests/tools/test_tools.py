@@ -164,6 +164,28 @@ def tiny_experiment(tmp_path_factory):
     return exp, work / "data" / "test-real.jsonl"
 
 
+def test_random_experiment_is_the_config_reshaped_with_a_favoured_blank(tiny_experiment, tmp_path):
+    """The new experiment records the overrides, decodes, and its weights are the same
+    seed's network but for the bias added to the blank output."""
+    from asrkit.checkpoints import read_weights
+    from asrkit.experiment import load_experiment, load_experiment_config
+
+    exp, _ = tiny_experiment
+    made = {}
+    for bias in (0.0, 2.5):
+        out = tmp_path / f"b{bias}"
+        _run(str(TOOLS / "random_experiment.py"), "--from", str(exp), "--out", str(out),
+             "--set", "model.joint_dim=24", "--blank-bias", str(bias))  # fmt: skip
+        assert load_experiment_config(out).model.joint_dim == 24
+        made[bias] = read_weights(out / "checkpoints" / "ckpt-00000000")
+    load_experiment(out)  # a working experiment
+    differ = {k for k in made[0.0] if not (made[0.0][k] == made[2.5][k]).all()}
+    [bias] = differ
+    assert bias.startswith("joint.output_layer") and bias.endswith("bias")
+    delta = made[2.5][bias] - made[0.0][bias]
+    assert delta[0] == 2.5 and not delta[1:].any()
+
+
 @pytest.mark.slow
 def test_bench_decoding_prints_wer_and_rtf_per_method(tiny_experiment):
     exp, manifest = tiny_experiment
