@@ -119,8 +119,10 @@ def test_a_busy_port_is_named(tmp_path):
         (err,) = _meet_all([Cluster(workers, 1)], [tmp_path], [SETTINGS], timeout=1)
     assert f"worker 1 ({workers[1]}): cannot listen on port" in str(err)
     # on one machine, the port's holder may be the same --worker-index started twice
-    assert "if --worker-index 1 is already running on this machine, give each process its " \
+    assert (
+        "if --worker-index 1 is already running on this machine, give each process its "
         "own --worker-index" in str(err)
+    )
 
 
 @pytest.mark.parametrize(
@@ -172,8 +174,12 @@ def test_a_lost_worker_is_named_from_tensorflows_message():
     assert str(err).startswith("worker 2 (h2:1) stopped answering (no heartbeat from it)")
     assert "ckpt-4: start every worker again with the same command to resume" in str(err)
     fresh = str(lost_worker(cluster, RuntimeError(heartbeat), None))
-    assert "no checkpoint was written yet: start every worker again with the same command " \
-        "to train from the start" in fresh and "resume" not in fresh
+    assert (
+        "no checkpoint was written yet: start every worker again with the same command "
+        "to train from the start"
+        in fresh
+        and "resume" not in fresh
+    )
     reset = ("Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC "
              "error information from remote target /job:worker/replica:0/task:0")  # fmt: skip
     err = lost_worker(Cluster(cluster.workers, 1), RuntimeError(reset), "x")
