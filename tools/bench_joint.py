@@ -14,9 +14,12 @@ With the `encoder` mode (the same step with the encoder's frames' mean square as
 loss: no predictor, joint or transducer loss), a second table gives each mode's joint +
 loss part: its memory and time minus the encoder's, and the ratios fused / pruned.
 
+With `--hwm`, each cell also gives the process' memory high-water mark during a first step
+above its resident size just before it (VmHWM, as `top` would show it), in a fresh process.
+
     python tools/bench_joint.py [--batch 2] [--seconds 20] [--labels 80] [--vocab 64,1024,5000]
         [--modes encoder,plain,fused,fused+recompute,pruned,pruned-plain,pruned+recompute,tdt]
-        [--config conf.yaml] [--set loss.chunk_mb=16 ...]
+        [--config conf.yaml] [--set loss.chunk_mb=16 ...] [--hwm]
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def run(
     steps: int,
     config: str = str(CONFORMER_S),
     overrides: tuple[str, ...] = (),
+    hwm: bool = False,
 ) -> dict:
     import keras
     import numpy as np
@@ -88,6 +92,11 @@ def run(
     task.compile(keras.optimizers.AdamW(1e-4), accumulation_steps=1)
     task.build_engine(data)
     dataset = without_autotuning(tf.data.Dataset.from_tensors(data))
+    if hwm:  # the process' high-water mark of its first step above its size just before
+        resting = _status_mib("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current size
+        task.fit(dataset, verbose=0)
+        return {"hwm_mib": _status_mib("VmHWM") - resting}
     task.fit(dataset, verbose=0)  # warm-up: tracing and the first allocation
     times = []
 
@@ -99,6 +108,13 @@ def run(
 
     extra = allocator_peak(timed_steps)
     return {"extra_mib": extra / 2**20, "seconds": statistics.median(times)}
+
+
+def _status_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def main() -> None:
@@ -121,6 +137,11 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a config override for every mode (repeatable)",
     )
+    parser.add_argument(
+        "--hwm", action="store_true",
+        help="also the process' memory high-water mark of a first step above its size just "
+             "before it (VmHWM, Linux; what a user's `top` sees), each in a process of its own",
+    )  # fmt: skip
     args = parser.parse_args()
     modes = args.modes.split(",")
     print(f"{Path(args.config).name}, {args.batch} x {args.seconds:.0f} s, U = {args.labels}, "
@@ -136,6 +157,9 @@ def main() -> None:
                         overrides=args.set)  # fmt: skip
             r = results[vocab, mode] = run_child(__file__, spec)
             cells.append(f"{r['extra_mib']:7.0f} MiB {r['seconds']:7.2f} s")
+            if args.hwm:
+                r["hwm_mib"] = run_child(__file__, {**spec, "hwm": True})["hwm_mib"]
+                cells[-1] += f", first step VmHWM +{r['hwm_mib']:.0f} MiB"
         print(f"{vocab:>6} | " + " | ".join(f"{c:>22}" for c in cells), flush=True)
     if "encoder" in modes:
         _joint_table(results, [m for m in modes if m != "encoder"])
