@@ -47,6 +47,11 @@ MODES = {
 }
 
 
+# What RESULTS.md records for the default shape (conformer_s.yaml, 2 x 20 s, U = 80): the
+# extra allocator peak's range over seven processes and the first step's VmHWM, 2026-12-07.
+RECORDED = {("fused", 1024): "recorded 950-1021 MiB, VmHWM +1431-1440 MiB"}
+
+
 def run(
     mode: str,
     vocab: int,
@@ -160,6 +165,10 @@ def main() -> None:
             if args.hwm:
                 r["hwm_mib"] = run_child(__file__, {**spec, "hwm": True})["hwm_mib"]
                 cells[-1] += f", first step VmHWM +{r['hwm_mib']:.0f} MiB"
+            default = (args.batch, args.seconds, args.labels, args.config, args.set) == (
+                2, 20.0, 80, str(CONFORMER_S), [])  # fmt: skip
+            if default and (mode, vocab) in RECORDED:
+                cells[-1] += f" ({RECORDED[mode, vocab]})"
         print(f"{vocab:>6} | " + " | ".join(f"{c:>22}" for c in cells), flush=True)
     if "encoder" in modes:
         _joint_table(results, [m for m in modes if m != "encoder"])
