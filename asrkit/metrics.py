@@ -97,3 +97,24 @@ def word_errors(reference: str, hypothesis: str, scorer: str = DEFAULT_SCORER) -
         return len(hyp.split()), 0
     out = jiwer.process_words(ref, hyp)
     return out.substitutions + out.deletions + out.insertions, len(ref.split())
+
+
+def words_recognised(
+    references: list[str], hypotheses: list[str], words: set[str], scorer: str = DEFAULT_SCORER
+) -> tuple[int, int]:
+    """(how many of the references' occurrences of `words` the hypotheses have at the same
+    place, how many occurrences there are): a reference word counts where the minimum-edit
+    alignment pairs it with an equal hypothesis word. `words` as the scorer normalises them
+    (e.g. out-of-vocabulary words, names)."""
+    norm = normalizer(scorer)
+    words = {norm(w) for w in words}
+    found = total = 0
+    for reference, hypothesis in zip(references, hypotheses, strict=True):
+        ref, hyp = norm(reference).split(), norm(hypothesis).split()
+        total += sum(w in words for w in ref)
+        if not ref or not hyp:
+            continue
+        for chunk in jiwer.process_words(" ".join(ref), " ".join(hyp)).alignments[0]:
+            if chunk.type == "equal":
+                found += sum(w in words for w in ref[chunk.ref_start_idx : chunk.ref_end_idx])
+    return found, total

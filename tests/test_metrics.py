@@ -54,3 +54,31 @@ def test_a_non_english_word_counts_as_the_one_word_it_is():
 def test_an_unknown_normaliser_is_refused():
     with pytest.raises(ValueError, match="must be one of"):
         normalize("a", "lower")
+
+
+def test_words_recognised_counts_the_words_left_in_place():
+    """Hypotheses that substitute words at known places (same length: the minimum-edit
+    alignment is the identity): a target word counts exactly where it was not replaced;
+    a deleted one does not count, an inserted copy does not either."""
+    import random
+
+    from asrkit.metrics import words_recognised
+
+    rng = random.Random(0)
+    vocabulary = [f"W{k}" for k in range(30)]
+    targets = set(vocabulary[:6])
+    refs, hyps, want_found, want_total = [], [], 0, 0
+    for _ in range(50):
+        ref = [rng.choice(vocabulary) for _ in range(rng.randint(3, 12))]
+        hyp = list(ref)
+        for k in rng.sample(range(len(ref)), rng.randint(0, len(ref) // 2)):
+            hyp[k] = "X" + ref[k]
+        want_total += sum(w in targets for w in ref)
+        want_found += sum(r in targets and h == r for r, h in zip(ref, hyp, strict=True))
+        refs.append(" ".join(ref))
+        hyps.append(" ".join(hyp))
+    assert words_recognised(refs, hyps, {t.lower() for t in targets}) == (want_found, want_total)
+    assert want_total > want_found > 0
+    assert words_recognised(["A W1 B"], ["A B W1 W1"], {"W1"}) == (1, 1)
+    assert words_recognised(["A W1 B"], ["A B"], {"W1"}) == (0, 1)
+    assert words_recognised(["A W1 B"], [""], {"W1"}) == (0, 1)

@@ -41,11 +41,17 @@ PARTS = ("train-clean-100", "dev-clean", "test-clean")
 class Preset:
     utterances: tuple[int, int, int]  # per part, in PARTS order
     speakers: tuple[int, int, int]
+    # "grammar": the built-in grammar's sentences; "wordnet": open-vocabulary English
+    # (`asrkit.data.open_text`: held-out names and words in dev and test)
+    text: str = "grammar"
 
 
 PRESETS = {
     "tiny": Preset(utterances=(8, 2, 2), speakers=(4, 1, 1)),  # a test fixture
     "mini": Preset(utterances=(1600, 120, 120), speakers=(80, 8, 8)),  # about 1.5 hours
+    "open-tiny": Preset(utterances=(12, 4, 4), speakers=(4, 2, 2), text="wordnet"),
+    # about 5.5 hours of training audio over ~12 thousand words (built in ~2 minutes)
+    "open": Preset(utterances=(9000, 300, 400), speakers=(270, 15, 15), text="wordnet"),
 }
 
 _SUBJECTS = "THE CAT|A DOG|MY FRIEND|HER BROTHER|THE OLD MAN|A YOUNG GIRL|THE TEACHER|OUR NEIGHBOUR|THE DOCTOR|HIS SISTER|THE FARMER|A CHILD"  # noqa: E501
@@ -203,7 +209,10 @@ def plan_corpus(
     language: str = "en",
     entities: tuple[str, ...] = (),
     entity_share: float = 0.5,
+    texts: dict[str, list[str]] | None = None,
 ) -> tuple[list[Speaker], list[_Job], dict[Path, list[str]]]:
+    """Every utterance's speaker, text and file. `texts`: each part's sentences in the
+    order spoken (an open-text preset's split) instead of the grammar's."""
     rng = random.Random(seed)
     # its own generator: a corpus without entities is the one this seed always made
     entity_rng = random.Random(seed + 7919)
@@ -224,7 +233,7 @@ def plan_corpus(
             utt = i // n_speakers
             folder = out_dir / part / str(spk.id) / str(chapter)
             utt_id = f"{spk.id}-{chapter}-{utt:04d}"
-            text = sentence(rng, language)
+            text = texts[part][i] if texts is not None else sentence(rng, language)
             if entities and part != PARTS[0] and entity_rng.random() < entity_share:
                 text = with_entity(text, entity_rng.choice(entities), language)
             rate = spk.rate + rng.randint(-10, 10)
@@ -278,9 +287,15 @@ def make_synthetic_corpus(
         raise ValueError(f"natural_share must be in [0, 1], got {natural_share}")
     if not 0 <= entity_share <= 1:
         raise ValueError(f"entity_share must be in [0, 1], got {entity_share}")
+    texts = None
+    if PRESETS[preset].text == "wordnet":
+        if language != "en" or entities:
+            raise ValueError(f"preset {preset!r} speaks English and holds out its own names: "
+                             "no --language or --entities with it")  # fmt: skip
+        texts = _open_texts(out_dir, PRESETS[preset], seed)
     speakers, jobs, transcripts = plan_corpus(
         out_dir, PRESETS[preset], seed, voices, noise_db, natural_share, language,
-        tuple(" ".join(e.upper().split()) for e in entities), entity_share,
+        tuple(" ".join(e.upper().split()) for e in entities), entity_share, texts,
     )  # fmt: skip
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
         durations = list(
@@ -302,6 +317,49 @@ def make_synthetic_corpus(
         counts[part] += 1
     identities = {p: sorted({s.voice.identity for s in speakers if s.part == p}) for p in PARTS}
     return CorpusReport(out_dir, counts, hours, identities)
+
+
+def _open_texts(out_dir: Path, preset: Preset, seed: int) -> dict[str, list[str]]:
+    """An open-text preset's sentences per part (`asrkit.data.open_text`), and beside the
+    corpus what they hold: TEXT.json (source and licence, counts, the share of dev and test
+    words the training transcripts never say), names.txt (the held-out names said in dev
+    and test, a phrase list for word boosting) and lm.txt (the training pool's sentences
+    that are not spoken: text for an LM disjoint from the transcripts and the test)."""
+    import json
+
+    from asrkit.data.open_text import (
+        WORDNET_NOTICE,
+        oov_share,
+        proper_nouns,
+        split_open_text,
+        wordnet_sentences,
+    )
+
+    sentences = wordnet_sentences()
+    n_train, n_dev, n_test = preset.utterances
+    split = split_open_text(sentences, proper_nouns(sentences), seed, n_dev, n_test)
+    if len(split.train) < n_train:
+        raise ValueError(f"the text holds {len(split.train)} training sentences, not {n_train}")
+    spoken = list(split.train[:n_train])
+    texts = {PARTS[0]: spoken, PARTS[1]: list(split.dev), PARTS[2]: list(split.test)}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {
+        "source": "WordNet 3.0 usage examples (Debian's wordnet-base)",
+        "licence": f"Princeton WordNet licence: {WORDNET_NOTICE}",
+        "sentences": {part: len(t) for part, t in texts.items()},
+        "training_vocabulary": len({w for t in spoken for w in t.split()}),
+        "oov_share": {part: round(oov_share(texts[part], spoken), 4) for part in PARTS[1:]},
+        "oov_share_against_lm_text": {
+            part: round(oov_share(texts[part], split.train), 4) for part in PARTS[1:]
+        },
+        "names": list(split.names),
+        "held_out_words": len(split.held_out_words),
+        "lm_sentences": len(split.train) - n_train,
+    }
+    (out_dir / "TEXT.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out_dir / "names.txt").write_text("".join(n + "\n" for n in split.names))
+    (out_dir / "lm.txt").write_text("".join(t + "\n" for t in split.train[n_train:]))
+    return texts
 
 
 def _write_speakers(out_dir: Path, speakers: list[Speaker], jobs, durations) -> None:
