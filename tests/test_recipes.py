@@ -51,6 +51,42 @@ def test_mini_recipe_runs_every_stage_and_reruns_nothing(tmp_path):
     assert again.stdout.count("done before, skipped") == 7
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/usr/share/wordnet/data.noun").is_file(),
+                    reason="Debian's wordnet-base is not installed")  # fmt: skip
+def test_open_recipe_runs_every_stage_and_reports_oov_words(tmp_path):
+    """The open recipe on its tiny preset: every stage, the OOV report of both searches
+    (its counts those of the test transcripts against the training ones), an export; a
+    rerun skips all."""
+    from asrkit.data.open_text import oov_share
+
+    asrkit = Path(sys.executable).parent / "asrkit"
+    env = dict(os.environ, ASRKIT=str(asrkit), ASRKIT_NO_APT="1")
+    work = tmp_path / "w"
+    cmd = ["bash", str(ROOT / "recipes/open/run.sh"), "--work", str(work), "--preset",
+           "open-tiny"]  # fmt: skip
+    for item in TINY_MODEL:
+        cmd += ["--set", item]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    assert all((work / ".done" / str(n)).exists() for n in range(8))
+
+    def texts(part):
+        return [line.split(" ", 1)[1] for f in (work / "corpus" / part).rglob("*.trans.txt")
+                for line in f.read_text().splitlines()]  # fmt: skip
+
+    test, train = texts("test-clean"), texts("train-clean-100")
+    for method in ("greedy", "beam"):
+        report = json.loads((work / f"exp/decode_test_{method}/oov.json").read_text())
+        assert report["utterances"] == len(test)
+        assert report["oov share of words"] == round(100 * oov_share(test, train), 2)
+        found, total = map(int, report["oov words recognised"].split("/"))
+        assert 0 <= found <= total and total > 0
+    assert (work / "exp/saved_model/saved_model.pb").is_file()
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stdout.count("done before, skipped") == 8
+
+
 TINY_CONFORMER = [
     "model.encoder.d_model=16", "model.encoder.num_blocks=1", "model.encoder.num_heads=2",
     "model.encoder.kernel_size=3", "model.encoder.subsampling_filters=8",
