@@ -56,14 +56,17 @@ def run(args: argparse.Namespace) -> int:
 
     config = experiment_or_config(args.config, args.exp_dir, args.overrides)
     writable_directory(args.exp_dir, "--exp-dir")
-    _check_training_data(config, Path(args.exp_dir))
     from asrkit.data.batch_plan import save_plan
     from asrkit.experiment import PLAN_FILE
     from asrkit.sizes import format_bytes
     from asrkit.training.memory_plan import DEFAULT_MARGIN, plan_training
 
     margin = DEFAULT_MARGIN if args.margin is None else args.margin
-    plan, summary = plan_training(config, args.memory, args.device, margin, not args.no_emulate)
+    try:  # the training state is checked against the budget first, then the data
+        plan, summary = plan_training(config, args.memory, args.device, margin, not args.no_emulate)
+    except FileNotFoundError:
+        _check_training_data(config, Path(args.exp_dir))  # names what is missing
+        raise
     path = save_plan(plan, Path(args.exp_dir) / PLAN_FILE)
     step = plan.frame_step_seconds
     print(f"\nplan for {plan.device}, {format_bytes(plan.usable_bytes)} usable "
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_training_data(config, exp_dir: Path) -> None:
     """The plan measures the training data's lengths: without shards, say so (an imported
-    model comes without any) and how to give them, before anything loads."""
+    model comes without any) and how to give them."""
     from asrkit.errors import InputError
     from asrkit.experiment import CONFIG_FILE
 
