@@ -87,6 +87,31 @@ class FeatureConfig:
             raise ValueError("FeatureConfig: need 0 <= lower_edge_hz < upper_edge_hz <= rate/2")
 
 
+# The keys only one kind reads (every other key applies to every kind).
+PREDICTOR_KEYS = {"lstm": ("num_layers", "blank_as_pad"), "stateless": ("context_size",)}
+LOSS_KEYS = {
+    "full": ("delay_penalty", "fastemit_lambda"),
+    "pruned": ("prune_range", "simple_scale", "warmup_updates", "lm_only_scale",
+               "am_only_scale", "pruned_chunk_mb"),
+    "tdt": ("sigma", "omega"),
+}  # fmt: skip
+
+
+def _refuse_other_kinds(config, section: str, keys: dict[str, tuple[str, ...]]) -> None:
+    """A key that only another kind reads, set away from its default, is an error naming
+    it and the kind that reads it (it would otherwise be ignored without a word)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    for kind, own in keys.items():
+        if kind == config.kind:
+            continue
+        for key in own:
+            if getattr(config, key) != defaults[key]:
+                raise ValueError(
+                    f"{section}.{key} applies to {section}.kind {kind} only (this one is "
+                    f"{config.kind!r}): drop it, or set the kind that reads it"
+                )
+
+
 ENCODERS = ("conformer", "lstm")
 ATTENTIONS = ("rotary", "relative")  # see model.encoder.attention
 SUBSAMPLINGS = ("valid", "striding", "dw_striding")  # see model.encoder.subsampling
@@ -308,6 +333,7 @@ class PredictorConfig:
         _at_least(self, "model.predictor", embed_dim=1, units=1, num_layers=1, context_size=1)
         if not 0 <= self.dropout < 1:
             raise ValueError(f"model.predictor.dropout must be in [0, 1), got {self.dropout}")
+        _refuse_other_kinds(self, "model.predictor", PREDICTOR_KEYS)
 
 
 @dataclass(frozen=True)
@@ -416,6 +442,7 @@ class LossConfig:
             raise ValueError("loss.delay_penalty works with loss.kind=full only (not with pruned)")
         _positive(self, "loss", "chunk_mb", "pruned_chunk_mb")
         _one_of(self, "loss", normalize_by=NORMALIZERS)
+        _refuse_other_kinds(self, "loss", LOSS_KEYS)
 
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")

@@ -56,6 +56,18 @@ def test_defaults_and_overrides(tmp_path):
         ("model:\n  encoder: {chunk_frames: 4, lookaheads: [2, 1]}\n", "first is the default"),
         ("model:\n  encoder: {chunk_frames: 4, lookaheads: [3, -1]}\n", "all >= 0"),
         ("model:\n  encoder: {chunk_frames: 4, lookaheads: [3], dynamic_chunks: 4}\n", "set one"),
+        ("loss: {kind: full, sigma: 0.5}\n", r"loss\.sigma applies to loss\.kind tdt only"),
+        ("loss: {kind: tdt, prune_range: 3}\n", r"prune_range applies to loss\.kind pruned"),
+        ("loss: {kind: pruned, omega: 0.1}\n", r"loss\.omega applies to loss\.kind tdt"),
+        ("loss: {kind: tdt, delay_penalty: 0.01}\n", "delay_penalty applies to loss.kind full"),
+        (
+            "model:\n  predictor: {kind: stateless, num_layers: 2}\n",
+            r"predictor\.num_layers applies to model\.predictor\.kind lstm only",
+        ),
+        (
+            "model:\n  predictor: {kind: lstm, context_size: 3}\n",
+            r"context_size applies to model\.predictor\.kind stateless",
+        ),
     ],
 )
 def test_bad_configs_name_the_key_and_section(tmp_path, text, message):
