@@ -361,3 +361,37 @@ def test_a_worker_whose_chief_never_comes_stops_in_one_line_and_leaves_nothing(t
     assert lines[0].startswith(f"asrkit train: error: the chief, worker 0 ({chief}), did not")
     assert not (tmp_path / "exp").exists()
     assert time.monotonic() - started < 60
+
+
+def test_what_an_experiments_files_answer_is_refused_before_tensorflow_loads(tmp_path):
+    """--method ctc without a CTC head, a look-ahead the model was not trained with, an LM
+    over words instead of the model's pieces and a bad phrase list: each refused in one line
+    from the recorded config and tokenizer, by a process that never imported TensorFlow."""
+    from asrkit.importers.nemo_model import import_nemo
+
+    exp = tmp_path / "stream"
+    import_nemo(ROOT / "tests/data/nemo/streaming.nemo", exp)  # RNN-T, look-aheads 3 7 1 0
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "u1", "audio_path": str(CLIP), "duration": 3.0,
+                                    "text": "HELLO", "speaker": "s"}) + "\n")  # fmt: skip
+    words = tmp_path / "words.arpa"
+    words.write_text("\\data\\\nngram 1=4\n\n\\1-grams:\n-1.0 <s>\n-0.5 HELLO\n-0.5 WORLD\n"
+                     "-0.5 </s>\n\n\\end\\\n")  # fmt: skip
+    phrases = tmp_path / "boost.txt"
+    phrases.write_text("kubernetes\tmany\n")
+    decode = ["decode", "--exp-dir", str(exp), "--manifest", str(manifest)]
+    cases = [
+        ([*decode, "--method", "ctc"], "has no CTC head"),
+        (["transcribe", "--exp-dir", str(exp), "--lookahead-frames", "5", str(CLIP)],
+         "trained with the look-aheads [3, 7, 1, 0]"),
+        ([*decode, "--lm", str(words)], "2 of the LM's 2 words are not pieces of this model"),
+        ([*decode, "--boost", str(phrases)], "boost.txt:1: weight 'many' is not a number"),
+    ]  # fmt: skip
+    code = ("import json, sys\nfrom asrkit.cli.main import main\nrc = main(sys.argv[1:])\n"
+            "print(json.dumps([rc, 'tensorflow' in sys.modules]))")  # fmt: skip
+    for argv, says in cases:
+        run = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                             text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+        rc, loaded = json.loads(run.stdout.strip().splitlines()[-1])
+        assert rc == 2 and not loaded, (argv, run.stderr)
+        assert says in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
