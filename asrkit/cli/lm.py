@@ -101,7 +101,7 @@ def _check_alphabet(sentences: list[_Sentence], tokenizer, args: argparse.Namesp
     from asrkit.data.records import unknown_characters
 
     option = "--text" if args.text else "--manifest"
-    what = unknown_characters(sentences, tokenizer, option)
+    what = unknown_characters(sentences, tokenizer, option, "line" if args.text else "utterance")
     if what is None:
         return
     if args.allow_unknown:

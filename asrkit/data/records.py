@@ -152,9 +152,9 @@ class UnknownCharacters(UserError, ValueError):
     """Transcripts holding characters the tokenizer cannot encode."""
 
 
-def unknown_characters(texts, tokenizer: Tokenizer, source) -> str | None:
-    """What in `texts` (each with an `id` and a `text`) the tokenizer cannot encode: how
-    many, which characters how often, the first ids; None when everything encodes."""
+def unknown_characters(texts, tokenizer: Tokenizer, source, unit="utterance") -> str | None:
+    """What in `texts` (each with an `id` and a `text`; `unit`s) the tokenizer cannot
+    encode: how many, which characters how often, the first ids; None when all encode."""
     found: dict[str, int] = {}
     bad = []
     for item in texts:
@@ -166,7 +166,7 @@ def unknown_characters(texts, tokenizer: Tokenizer, source) -> str | None:
     if not bad:
         return None
     shown = ", ".join(f"{c!r} x{n}" for c, n in sorted(found.items(), key=lambda x: -x[1])[:8])
-    return (f"{source}: {len(bad)} utterance(s) hold characters the tokenizer cannot encode "
+    return (f"{source}: {len(bad)} {unit}(s) hold characters the tokenizer cannot encode "
             f"({shown}), e.g. {', '.join(bad[:3])}")  # fmt: skip
 
 

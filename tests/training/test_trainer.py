@@ -998,7 +998,7 @@ def test_lm_train_refuses_text_the_tokenizer_cannot_encode(workdir, tmp_path, ca
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "1 utterance(s) hold characters the tokenizer cannot" in err[0]
+    assert len(err) == 1 and "1 line(s) hold characters the tokenizer cannot" in err[0]
     assert "text.txt:3" in err[0] and "--allow-unknown" in err[0], err
     assert not arpa.exists()
     with pytest.warns(UserWarning, match="the LM learns <unk> where they stand"):
