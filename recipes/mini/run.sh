@@ -46,18 +46,6 @@ install_voices() {
   fi
   "$asrkit" corpus synth --out corpus --preset "$preset" --seed "$seed"
 }
-features() {
-  for part in train-clean-100 dev-clean test-clean; do
-    # training: half the utterances start a run of the speaker's next ones joined up to
-    # 12 s with pauses of up to 1 s, so the model learns to go on past a sentence end and
-    # across a pause (long recordings)
-    local join=(--allow-unknown)  # dev and test are only scored
-    [[ $part == train-* ]] && join=(--join-seconds 12 --join-share 0.5 --join-pause 1)
-    "$asrkit" features extract --manifest "data/$part.jsonl" --tokenizer tokenizer \
-      --out "shards/${part%%-*}" --shards 8 --config "$config" "${join[@]}" "${sets[@]}"
-  done
-  "$asrkit" features cmvn --shards shards/train --out cmvn.json --config "$config" "${sets[@]}"
-}
 
 run_stage 0 corpus install_voices
 run_stage 1 prepare "$asrkit" prepare librispeech --root corpus \
@@ -65,7 +53,7 @@ run_stage 1 prepare "$asrkit" prepare librispeech --root corpus \
 vocab=64; [[ $preset == tiny ]] && vocab=28  # a dozen sentences cannot fill 64 pieces
 run_stage 2 tokenizer "$asrkit" tokenizer train --manifest data/train-clean-100.jsonl \
   --vocab-size "$vocab" --model-type unigram --out tokenizer
-run_stage 3 features features
+run_stage 3 features corpus_features "$config" "${sets[@]}"
 run_stage 4 train "$asrkit" train --config "$config" --exp-dir exp --set "train.seed=$seed" \
   "${sets[@]}"
 decode() {

@@ -56,15 +56,6 @@ corpus() {
   # a quarter of the training speakers from the natural (recorded-person) voices
   "$asrkit" corpus synth --out corpus --preset "$preset" --seed "$seed" --natural-share 0.25
 }
-features() {
-  for part in train-clean-100 dev-clean test-clean; do
-    local join=(--allow-unknown)  # dev and test are only scored
-    [[ $part == train-* ]] && join=(--join-seconds 12 --join-share 0.5 --join-pause 1)
-    "$asrkit" features extract --manifest "data/$part.jsonl" --tokenizer tokenizer \
-      --out "shards/${part%%-*}" --shards 8 --config "$config" "${join[@]}" "${sets[@]}"
-  done
-  "$asrkit" features cmvn --shards shards/train --out cmvn.json --config "$config" "${sets[@]}"
-}
 decode() {
   local method
   for method in greedy beam; do
@@ -88,7 +79,7 @@ run_stage 1 prepare "$asrkit" prepare librispeech --root corpus \
 [[ $preset == open-tiny ]] && vocab=40  # a dozen sentences cannot fill more
 run_stage 2 tokenizer "$asrkit" tokenizer train --manifest data/train-clean-100.jsonl \
   --vocab-size "$vocab" --model-type unigram --out tokenizer
-run_stage 3 features features
+run_stage 3 features corpus_features "$config" "${sets[@]}"
 run_stage 4 train "$asrkit" train --config "$config" --exp-dir exp --set "train.seed=$seed" \
   "${sets[@]}"
 run_stage 5 decode decode
