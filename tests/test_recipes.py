@@ -55,9 +55,10 @@ def test_mini_recipe_runs_every_stage_and_reruns_nothing(tmp_path):
 @pytest.mark.skipif(not Path("/usr/share/wordnet/data.noun").is_file(),
                     reason="Debian's wordnet-base is not installed")  # fmt: skip
 def test_open_recipe_runs_every_stage_and_reports_oov_words(tmp_path):
-    """The open recipe on its tiny preset: every stage, the OOV report of both searches
-    (its counts those of the test transcripts against the training ones), an export; a
-    rerun skips all."""
+    """The open recipe on its tiny preset: every stage, the OOV report of every decode (its
+    counts those of the test transcripts against the training ones; the fusion decodes
+    with the config's weights and the recipe's LMs and names), an export; a rerun skips
+    all."""
     from asrkit.data.open_text import oov_share
 
     asrkit = Path(sys.executable).parent / "asrkit"
@@ -76,12 +77,20 @@ def test_open_recipe_runs_every_stage_and_reports_oov_words(tmp_path):
                 for line in f.read_text().splitlines()]  # fmt: skip
 
     test, train = texts("test-clean"), texts("train-clean-100")
-    for method in ("greedy", "beam"):
+    names = set((work / "corpus/names.txt").read_text().split())
+    named = sum(bool(set(t.split()) & names) for t in test)
+    for method in ("greedy", "beam", "beam_lm", "beam_boost", "beam_lm_boost"):
         report = json.loads((work / f"exp/decode_test_{method}/oov.json").read_text())
         assert report["utterances"] == len(test)
         assert report["oov share of words"] == round(100 * oov_share(test, train), 2)
         found, total = map(int, report["oov words recognised"].split("/"))
         assert 0 <= found <= total and total > 0
+        assert ("wer with names" in report) == (named > 0) and "wer without names" in report
+        scores = json.loads((work / f"exp/decode_test_{method}/wer.json").read_text())
+        assert ("lm_weight" in scores) == ("lm" in method) == ("lodr_weight" in scores)
+        assert ("boost" in scores) == ("boost" in method)
+        if "lm" in method:
+            assert (scores["lm_weight"], scores["lodr_weight"]) == (0.5, 0.4)  # the conf's
     assert (work / "exp/saved_model/saved_model.pb").is_file()
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and again.stdout.count("done before, skipped") == 8

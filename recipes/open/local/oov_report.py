@@ -1,6 +1,6 @@
 """The open recipe's report on a decoded test set: WER and CER, the WER of the sentences
 holding a word the training transcripts never say (out of vocabulary) and of the others,
-and the share of OOV words and of the held-out names recognised exactly.
+the WER of the sentences saying a held-out name and of the others, and the share of OOV words and of the held-out names recognised exactly.
 
     python recipes/open/local/oov_report.py --corpus corpus --decode exp/decode_test_beam
 """
@@ -36,11 +36,17 @@ def main(argv=None) -> int:
     ids = sorted(refs)
     ref, hyp = [refs[i] for i in ids], [hyps.get(i, "") for i in ids]
     oov = {w for r in ref for w in normalize(r).split() if w not in training}
-    names = set((corpus / "names.txt").read_text(encoding="utf-8").split())
+    names = {normalize(w) for w in (corpus / "names.txt").read_text(encoding="utf-8").split()}
     with_oov = [k for k, r in enumerate(ref) if set(normalize(r).split()) & oov]
     without = [k for k in range(len(ref)) if k not in set(with_oov)]
+    named = {k for k, r in enumerate(ref) if set(normalize(r).split()) & names}
     rows = {"all": error_rates(ref, hyp)}
-    for name, keep in (("with OOV words", with_oov), ("without", without)):
+    for name, keep in (
+        ("with OOV words", with_oov),
+        ("without", without),
+        ("with names", sorted(named)),
+        ("without names", [k for k in range(len(ref)) if k not in named]),
+    ):
         if keep:
             rows[name] = error_rates([ref[k] for k in keep], [hyp[k] for k in keep])
     found_oov, total_oov = words_recognised(ref, hyp, oov)
