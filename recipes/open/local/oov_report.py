@@ -1,6 +1,7 @@
 """The open recipe's report on a decoded test set: WER and CER, the WER of the sentences
 holding a word the training transcripts never say (out of vocabulary) and of the others,
-the WER of the sentences saying a held-out name and of the others, and the share of OOV words and of the held-out names recognised exactly.
+the WER of the sentences saying a held-out name and of the others, and the share of OOV
+words and of the held-out names recognised exactly.
 
     python recipes/open/local/oov_report.py --corpus corpus --decode exp/decode_test_beam
 """
