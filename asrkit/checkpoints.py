@@ -480,15 +480,17 @@ def network_weights(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v for k, v in values.items() if not k.startswith(HEADS_PREFIX)}
 
 
-def average_checkpoints(paths: list[str | os.PathLike]) -> dict[str, np.ndarray]:
+def average_checkpoints(paths: list[str | os.PathLike], prepare=None) -> dict[str, np.ndarray]:
     """The named model weights of several checkpoints, averaged.
 
     Floating-point variables are summed in float64 and cast back to their stored dtype;
     integer ones (dropout RNG states, counters) are taken from the last checkpoint.
+    `prepare`: applied to each checkpoint's values first (e.g. LoRA merged into the
+    kernels: the average of the networks, not of their factors).
     """
     if not paths:
         raise ValueError("average_checkpoints: no checkpoints given")
-    every = [read_weights(p) for p in paths]
+    every = [(prepare or dict)(read_weights(p)) for p in paths]
     last = every[-1]
     for path, weights in zip(paths, every, strict=True):
         if weights.keys() != last.keys():
@@ -528,27 +530,27 @@ class AveragedCheckpoint:
 
 
 def average_last(
-    exp_dir: str | os.PathLike, last: int, out: str | os.PathLike | None = None
+    exp_dir: str | os.PathLike, last: int, out: str | os.PathLike | None = None, prepare=None
 ) -> AveragedCheckpoint:
     """Averages an experiment's last `last` checkpoints into `out` (default
-    `<exp_dir>/averaged/last<N>-<final checkpoint>`)."""
+    `<exp_dir>/averaged/last<N>-<final checkpoint>`); `prepare` as `average_checkpoints`."""
     sources = last_checkpoints(Path(exp_dir) / "checkpoints", last)
-    return _average_into(exp_dir, sources, out, f"last{last}")
+    return _average_into(exp_dir, sources, out, f"last{last}", prepare)
 
 
 def average_best(
-    exp_dir: str | os.PathLike, best: int, out: str | os.PathLike | None = None
+    exp_dir: str | os.PathLike, best: int, out: str | os.PathLike | None = None, prepare=None
 ) -> AveragedCheckpoint:
     """Averages an experiment's `best` checkpoints by dev WER into `out` (default
-    `<exp_dir>/averaged/best<N>-<newest of them>`)."""
+    `<exp_dir>/averaged/best<N>-<newest of them>`); `prepare` as `average_checkpoints`."""
     sources = best_checkpoints(Path(exp_dir) / "checkpoints", best)
-    return _average_into(exp_dir, sources, out, f"best{best}")
+    return _average_into(exp_dir, sources, out, f"best{best}", prepare)
 
 
-def _average_into(exp_dir, sources: list[Path], out, label: str) -> AveragedCheckpoint:
+def _average_into(exp_dir, sources: list[Path], out, label: str, prepare) -> AveragedCheckpoint:
     exp_dir = Path(exp_dir)
     out = Path(out) if out else exp_dir / "averaged" / f"{label}-{sources[-1].name}"
-    write_weights(out, average_checkpoints(sources), read_state(sources[-1]))
+    write_weights(out, average_checkpoints(sources, prepare), read_state(sources[-1]))
     (out / "averaged.json").write_text(json.dumps([str(p) for p in sources], indent=1) + "\n")
     return AveragedCheckpoint(out, sources)
 

@@ -336,6 +336,41 @@ class PredictorConfig:
         _refuse_other_kinds(self, "model.predictor", PREDICTOR_KEYS)
 
 
+ADAPTER_KINDS = ("none", "lora")
+# The linear layers LoRA adapts, by name: every Conformer block's attention projections
+# (q, k and v, kept as one qkv kernel, and the output), its two feed-forwards' linears, its
+# convolution module's pointwise linears; the joint's three linears.
+LORA_TARGETS = ("attention", "feed_forward", "convolution", "joint")
+LORA_KEYS = ("rank", "alpha", "targets")
+
+
+@dataclass(frozen=True)
+class AdaptersConfig:
+    """Parameter-efficient fine-tuning. `kind: lora` adds a low-rank update
+    (alpha / rank) x A B to the kernel of every linear layer of `targets` (A: random, B:
+    zeros, so training starts from the base network exactly); only A and B train, the
+    base's weights stay as loaded and hold no optimizer state. Decoding and the export
+    merge the update into the kernels (no cost at inference)."""
+
+    kind: str = "none"  # none | lora
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ("attention", "feed_forward")
+
+    def __post_init__(self):
+        _one_of(self, "model.adapters", kind=ADAPTER_KINDS)
+        _at_least(self, "model.adapters", rank=1)
+        _positive(self, "model.adapters", "alpha")
+        object.__setattr__(self, "targets", tuple(self.targets))
+        unknown = [t for t in self.targets if t not in LORA_TARGETS]
+        if unknown or not self.targets or len(set(self.targets)) != len(self.targets):
+            raise ValueError(
+                f"model.adapters.targets must be distinct names from {list(LORA_TARGETS)}, "
+                f"got {list(self.targets)}"
+            )
+        _refuse_other_kinds(self, "model.adapters", {"lora": LORA_KEYS})
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The network's architecture only (what inference builds); the loss is `LossConfig`."""
@@ -355,6 +390,8 @@ class ModelConfig:
     # A CTC head on the encoder (a linear layer to the vocabulary, blank shared): trained
     # with loss.ctc_weight, decoded with `--method ctc` (a hybrid CTC/transducer model).
     ctc_head: bool = False
+    # Fine-tuning through adapters (LoRA): trained as adapters, decoded merged.
+    adapters: AdaptersConfig = AdaptersConfig()
 
     def __post_init__(self):
         _at_least(self, "model", joint_dim=1)

@@ -187,17 +187,22 @@ def load_experiment(
         check_chunk_override(config, chunk_frames)
     tokenizer = Tokenizer.load(config.data.tokenizer)
     network = build_network(config, tokenizer.vocab_size)
-    if checkpoint:
-        restore(network, checkpoint)
-        weights = str(checkpoint)
+    found = (
+        [Path(checkpoint)] if checkpoint
+        else last_checkpoints(Path(exp_dir) / "checkpoints", max(average, 1))
+    )  # fmt: skip
+    if config.model.adapters.kind != "none":  # the plain network, each update merged in
+        assign_weights(network, average_checkpoints(found, adapted_weights(config)))
+    elif len(found) == 1:
+        restore(network, found[0])
     else:
-        found = last_checkpoints(Path(exp_dir) / "checkpoints", max(average, 1))
-        if len(found) == 1:
-            restore(network, found[0])
-            weights = found[0].name
-        else:
-            assign_weights(network, average_checkpoints(found))
-            weights = f"average of {found[0].name}..{found[-1].name} ({len(found)})"
+        assign_weights(network, average_checkpoints(found))
+    if checkpoint:
+        weights = str(checkpoint)
+    elif len(found) == 1:
+        weights = found[0].name
+    else:
+        weights = f"average of {found[0].name}..{found[-1].name} ({len(found)})"
     if chunk_frames is not None:
         network.encoder.chunk_frames = int(chunk_frames)  # read when the graph is traced
     return Experiment(
@@ -288,6 +293,16 @@ def check_chunk_override(config: ExperimentConfig, chunk_frames: int) -> None:
         )
     if chunk_frames < 0:
         raise InputError(f"--chunk-frames must be >= 0 (0: full context), got {chunk_frames}")
+
+
+def adapted_weights(config: ExperimentConfig):
+    """For an experiment trained through adapters: checkpoint values -> the plain network's
+    (`asrkit.models.adapters.merged_weights`), else None (values as they are)."""
+    if config.model.adapters.kind == "none":
+        return None
+    from asrkit.models.adapters import merged_weights
+
+    return lambda values: merged_weights(values, config.model.adapters)
 
 
 def build_network(config: ExperimentConfig, vocab_size: int) -> Transducer:

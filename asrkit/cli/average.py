@@ -32,15 +32,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         writable_directory(Path(args.exp_dir) / "averaged", "--exp-dir")
     from asrkit.checkpoints import average_best, average_last, read_state
+    from asrkit.experiment import adapted_weights, load_experiment_config
 
+    # adapters (LoRA) merged into each checkpoint's kernels first: the average of the networks
+    prepare = adapted_weights(load_experiment_config(args.exp_dir))
     if args.best is not None:
-        averaged = average_best(args.exp_dir, args.best, args.out)
+        averaged = average_best(args.exp_dir, args.best, args.out, prepare)
         wers = [read_state(p).dev_wer for p in averaged.sources]
         names = ", ".join(f"{p.name} ({w * 100:.2f} %)" for p, w in zip(averaged.sources, wers,
                                                                          strict=True))  # fmt: skip
         print(f"averaged the best by dev WER: {names} (float64) -> {averaged.path}")
     else:
-        averaged = average_last(args.exp_dir, args.last, args.out)
+        averaged = average_last(args.exp_dir, args.last, args.out, prepare)
         names = ", ".join(p.name for p in averaged.sources)
         print(f"averaged {names} (float64) -> {averaged.path}")
     return 0

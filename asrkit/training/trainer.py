@@ -83,6 +83,7 @@ from asrkit.experiment import (
     write_training_lengths,
 )
 from asrkit.features import normalizer_for
+from asrkit.models.adapters import add_lora
 from asrkit.models.transducer import Transducer
 from asrkit.outputs import writable_directory
 from asrkit.tokenizer import Tokenizer
@@ -161,6 +162,9 @@ def build_task(
     t = config.train
     network = Transducer(vocab_size, config.model, name="transducer")
     freeze_encoder(network, t.freeze_encoder)
+    if config.model.adapters.kind != "none":  # LoRA needs the layers built
+        network.build_from_features(config.features.num_mel_bins)
+        add_lora(network, config.model.adapters)
     if optimizer is None:
         schedule = learning_rate_schedule(config, total_updates)
         optimizer = build_optimizer(

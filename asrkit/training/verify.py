@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from asrkit.checkpoints import named_parts
 from asrkit.config import ExperimentConfig
 from asrkit.data.batch_plan import micro_batch_plan
 from asrkit.data.pipeline import make_dataset, pipeline_config
@@ -95,17 +96,18 @@ def _verify(
     accumulated.build_engine(micro[0])
     union_model = build_task(config, tokenizer.vocab_size, 1, keras.optimizers.SGD(1.0))
     union_model.build_engine(micro[0])
-    for var, source in zip(
-        union_model.trainable_variables, accumulated.trainable_variables, strict=True
-    ):
-        var.assign(source)
+    # every weight, trained or frozen (a frozen encoder, a LoRA base), the same in both
+    sources = named_parts(accumulated.network, accumulated.heads)
+    for name, var in named_parts(union_model.network, union_model.heads).items():
+        var.assign(sources[name])
     # One copy of the initial weights on the host (and for the floor one of the union's
     # updated ones); the differences are taken variable by variable.
     initial = [v.numpy() for v in accumulated.trainable_variables]
+    measure_floor = floor_wanted and precision != "float32"  # then the union's weights kept
+    start = {k: v.numpy() for k, v in sources.items()} if measure_floor else None
     union = _union(micro)
     attempts = _update(accumulated, micro, 0)
     attempts = _update(union_model, [union], attempts)
-    measure_floor = floor_wanted and precision != "float32"  # then the union's weights kept
     union_weights = [v.numpy() for v in union_model.trainable_variables] if measure_floor else None
     reference = union_weights or (v.numpy() for v in union_model.trainable_variables)
     difference = _difference(accumulated.trainable_variables, reference, initial)
@@ -113,7 +115,7 @@ def _verify(
     if measure_floor:  # the floor: the union's update in float32, against the reduced precision's
         # The two reduced-precision networks are let go first (their traced functions hold
         # them in reference cycles); TensorFlow gives back only part of their memory.
-        del accumulated, union_model
+        del accumulated, union_model, sources
         gc.collect()
         exact_config = dataclasses.replace(
             config, train=dataclasses.replace(config.train, precision="float32")
@@ -121,8 +123,8 @@ def _verify(
         with process_settings(exact_config):  # a float32 network; the policy restored after
             exact = build_task(exact_config, tokenizer.vocab_size, 1, keras.optimizers.SGD(1.0))
             exact.build_engine(micro[0])
-        for var, w0 in zip(exact.trainable_variables, initial, strict=True):
-            var.assign(w0)
+        for name, var in named_parts(exact.network, exact.heads).items():
+            var.assign(start[name])
         attempts = _update(exact, [union], attempts)
         floor = _difference(exact.trainable_variables, union_weights, initial)
     if tolerance is None:

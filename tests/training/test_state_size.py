@@ -27,7 +27,11 @@ def _bytes(variables) -> int:
 @pytest.mark.parametrize("overrides", [[], ["train.optimizer=adafactor"],
                                        ["train.freeze_encoder=-1"],
                                        ["train.freeze_encoder=1", "train.optimizer=adafactor"],
-                                       ["train.precision=mixed_bfloat16"]])  # fmt: skip
+                                       ["train.precision=mixed_bfloat16"],
+                                       ["model.adapters.kind=lora"],
+                                       ["model.adapters.kind=lora", "train.optimizer=adafactor",
+                                        "model.adapters.targets=[convolution, joint]"],
+                                       ])  # fmt: skip
 def test_the_counted_state_is_what_a_built_task_holds(overrides):
     import keras
 

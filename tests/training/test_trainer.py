@@ -15,7 +15,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.checkpoints import CheckpointManager, checkpoint_damage, list_checkpoints
+from asrkit.checkpoints import (
+    CheckpointManager,
+    checkpoint_damage,
+    list_checkpoints,
+    named_variables,
+)
 from asrkit.config import load_config
 from asrkit.data.manifest import read_manifest
 from asrkit.data.records import write_shards
@@ -1032,3 +1037,68 @@ def test_lm_train_warns_of_an_lm_too_big_for_a_search(workdir, tmp_path, monkeyp
         assert main(argv) == 0, capsys.readouterr().err  # over the file it wrote before
     with pytest.raises(InputError, match="use a lower order or a pruned LM"):
         lm_fusion.lm_automaton(lm, pieces, 1.0)
+
+
+@pytest.mark.parametrize("sets", [
+    (), ("model.adapters.targets=[attention, feed_forward, convolution, joint]",),
+    ("train.precision=mixed_bfloat16",),
+])  # fmt: skip
+def test_verify_accumulation_passes_with_lora(workdir, sets):
+    """LoRA factors trained, everything else frozen: 3 micro-batches make their union's
+    update (both networks share the frozen base, copied by name)."""
+    report = _verify(workdir, "model.adapters.kind=lora", "model.adapters.rank=2", *sets,
+                     config="conformer.yaml")  # fmt: skip
+    assert report.passed, report
+    if not sets or "precision" not in sets[0]:
+        assert report.max_relative_difference < 1e-5
+
+
+def test_a_lora_run_keeps_its_base_and_decodes_merged(workdir):
+    """Fine-tuning through LoRA from a base experiment: the base's weights are saved
+    unchanged, only the factors move; decoding's network holds each kernel plus
+    (alpha / rank) A B (NumPy), and `asrkit average` writes the average of the merged
+    networks."""
+    from asrkit.checkpoints import average_last, list_checkpoints, read_weights
+    from asrkit.experiment import adapted_weights, load_experiment, load_experiment_config
+
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        one_epoch = ["train.epochs=1", "train.checkpoint_every=0"]
+        base = load_config(workdir / "conformer.yaml", one_epoch)
+        train(base, workdir / "lora_base", log=lambda *_: None)
+        lora = load_config(workdir / "conformer.yaml", [
+            *one_epoch, "train.epochs=2", "model.adapters.kind=lora", "model.adapters.rank=2",
+            "train.learning_rate=0.05"])  # fmt: skip
+        lines = []
+        train(lora, workdir / "lora_run", init_from=str(workdir / "lora_base"), log=lines.append)
+    finally:
+        os.chdir(cwd)
+    assert any("not in the checkpoint, left fresh" in line for line in lines)
+    before = read_weights(list_checkpoints(workdir / "lora_base/checkpoints")[-1])
+    found = list_checkpoints(workdir / "lora_run/checkpoints")
+    after = read_weights(found[-1])
+    factors = {k for k in after if k.endswith(("lora_kernel_a", "lora_kernel_b"))}
+    assert len(factors) == 2 * 6  # one block: qkv, out and the feed-forwards' 4 linears
+    for name, value in before.items():
+        if np.issubdtype(value.dtype, np.floating):  # every weight of the base, unchanged
+            np.testing.assert_array_equal(after[name], value, err_msg=name)
+    assert any(np.abs(after[k]).max() > 0 for k in factors if k.endswith("lora_kernel_b"))
+    config = load_experiment_config(workdir / "lora_run")
+    scale = 16.0 / 2
+    experiment = load_experiment(workdir / "lora_run")
+    named = {k: v.numpy() for k, v in named_variables(experiment.network).items()}
+    assert not any("lora" in k for k in named)
+    qkv = "encoder.blocks.0.attention.qkv."
+    expected = (
+        after[qkv + "kernel"] + scale * after[qkv + "lora_kernel_a"] @ after[qkv + "lora_kernel_b"]
+    )
+    np.testing.assert_allclose(named[qkv + "kernel"], expected, rtol=1e-6, atol=1e-7)
+    averaged = average_last(workdir / "lora_run", 2, prepare=adapted_weights(config))
+    mean = read_weights(averaged.path)
+    first = read_weights(found[-2])
+    assert not any("lora" in k for k in mean)
+    np.testing.assert_allclose(
+        mean[qkv + "kernel"],
+        (expected + first[qkv + "kernel"] + scale * first[qkv + "lora_kernel_a"]
+         @ first[qkv + "lora_kernel_b"]) / 2, rtol=1e-5, atol=1e-6)  # fmt: skip
