@@ -559,9 +559,14 @@ class TrainConfig:
     jit_compile: bool = False
     max_consecutive_skips: int = 25
     freeze_encoder: int = 0  # fine-tuning: 0 none, -1 the whole encoder, n its first n layers
+    # Fine-tuning through model.adapters: network weights that train in full beside the
+    # adapters, by their checkpoint names or a prefix of them (e.g. a new vocabulary's
+    # [joint.output_layer, predictor.embedding, ctc_head]).
+    trainable: tuple[str, ...] = ()
     probe_memory: bool = True  # one pass on the largest micro-batch before training starts
 
     def __post_init__(self):
+        object.__setattr__(self, "trainable", tuple(self.trainable))
         _at_least(self, "train", epochs=1, accumulation_steps=1, warmup_updates=0,
                   checkpoint_every=0, keep_checkpoints=1, keep_best=0, max_consecutive_skips=0,
                   freeze_encoder=-1)  # fmt: skip
@@ -622,6 +627,12 @@ class ExperimentConfig:
             raise ValueError(
                 f"loss.ctc_weight {self.loss.ctc_weight} trains the CTC head: set "
                 "model.ctc_head: true (or loss.ctc_weight: 0)"
+            )
+        if self.train.trainable and self.model.adapters.kind == "none":
+            raise ValueError(
+                f"train.trainable {list(self.train.trainable)} names what trains beside "
+                "model.adapters, and there are none: set model.adapters.kind (e.g. lora), or "
+                "drop train.trainable (without adapters every weight trains)"
             )
         if self.train.keep_best and not self.data.dev_shards:
             raise ValueError(

@@ -8,6 +8,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from asrkit.config import SCHEMA_VERSION
@@ -216,6 +217,35 @@ def test_finetune_recipe_imports_plans_trains_and_compares_on_a_tiny_corpus(tmp_
     assert again.returncode == 0 and again.stdout.count("done before, skipped") == 9
 
 
+@pytest.mark.slow
+def test_finetune_recipe_with_lora_trains_factors_and_a_new_vocabularys_weights(tmp_path):
+    """`--lora 2 --tokenizer new` on the NeMo fixture: the checkpoints hold the encoder's
+    weights as imported and LoRA factors beside them, the new vocabulary's weights trained
+    in full; the averaged model (merged) decodes and exports."""
+    from asrkit.checkpoints import list_checkpoints, read_weights
+    from asrkit.data.synthetic import make_synthetic_corpus
+
+    make_synthetic_corpus(tmp_path / "corpus", "tiny", seed=3, show_progress=False)
+    env = dict(os.environ, ASRKIT=str(Path(sys.executable).parent / "asrkit"))
+    work = tmp_path / "w"
+    cmd = ["bash", str(FINETUNE), "--nemo", str(ROOT / "tests/data/nemo/rnnt.nemo"),
+           "--data", str(tmp_path / "corpus"), "--work", str(work), "--tokenizer", "new",
+           "--vocab", "28", "--lora", "2", "--set", "train.epochs=2"]  # fmt: skip
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    base = read_weights(list_checkpoints(work / "pretrained/checkpoints")[-1])
+    first, last = (read_weights(p) for p in list_checkpoints(work / "exp/checkpoints")[-2:])
+    factors = [k for k in last if "lora_kernel" in k]
+    assert factors and all(k.startswith("encoder.blocks.") for k in factors)
+    for name, value in base.items():
+        if name.startswith("encoder.") and value.dtype.kind == "f":
+            np.testing.assert_array_equal(last[name], value, err_msg=name)  # frozen
+    assert not np.array_equal(first["joint.output_layer.kernel"], last["joint.output_layer.kernel"])
+    assert not any("lora" in k for k in read_weights(work / "exp/best"))  # merged
+    assert (work / "exp/decode_after/test/wer.json").is_file()
+    assert (work / "exp/saved_model/saved_model.pb").is_file()
+
+
 def test_finetune_recipe_refuses_wrong_arguments_in_one_line(tmp_path):
     fake = tmp_path / "exp"
     fake.mkdir()
@@ -233,6 +263,7 @@ def test_finetune_recipe_refuses_wrong_arguments_in_one_line(tmp_path):
         ("--exp", str(fake)): "give the data",
         ("--exp", str(fake), "--data", "nowhere"): "nowhere: no such directory",
         ("--exp", str(fake), "--data", str(tmp_path), "--tokenizer", "old"): "keep or new",
+        ("--exp", str(fake), "--data", str(tmp_path), "--lora", "0"): "a rank >= 1",
         ("--exp", str(fake), "--data", str(tmp_path), "--parts", "a,b"): "three parts",
         ("--exp", str(fake), "--data", str(tmp_path), "--best", "0"): "--best 0: a number",
         ("--frobnicate",): "unknown argument: --frobnicate",

@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.experiment import adapted_weights, load_experiment_config
 
     # adapters (LoRA) merged into each checkpoint's kernels first: the average of the networks
-    prepare = adapted_weights(load_experiment_config(args.exp_dir))
+    recorded = (Path(args.exp_dir) / "config.yaml").is_file()
+    prepare = adapted_weights(load_experiment_config(args.exp_dir)) if recorded else None
     if args.best is not None:
         averaged = average_best(args.exp_dir, args.best, args.out, prepare)
         wers = [read_state(p).dev_wer for p in averaged.sources]

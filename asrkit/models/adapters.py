@@ -54,16 +54,18 @@ def lora_layers(network, targets: tuple[str, ...]) -> dict[str, keras.layers.Den
     return found
 
 
-def add_lora(network, config: AdaptersConfig) -> list[str]:
-    """Turns LoRA on in a built network as `config` says and freezes every other weight;
-    returns the adapted layers' names. A no-op (nothing frozen) for `kind: none`."""
+def add_lora(network, config: AdaptersConfig, keep=()) -> list[str]:
+    """Turns LoRA on in a built network as `config` says and freezes every other weight
+    but the variables in `keep` (which train in full); returns the adapted layers' names.
+    A no-op (nothing frozen) for `kind: none`."""
     if config.kind == "none":
         return []
     if not network.built:
         raise ValueError("add_lora: build the network first (Transducer.build_from_features)")
     layers = lora_layers(network, config.targets)
+    kept = {id(v) for v in keep if v.trainable}
     for variable in network.variables:
-        variable.trainable = False
+        variable.trainable = id(variable) in kept
     for layer in layers.values():
         layer.enable_lora(config.rank, lora_alpha=config.alpha)
     return sorted(layers)

@@ -14,7 +14,7 @@ import dataclasses
 import keras
 import numpy as np
 
-from asrkit.config import EncoderConfig, ModelConfig, PredictorConfig
+from asrkit.config import AdaptersConfig, EncoderConfig, ModelConfig, PredictorConfig
 from asrkit.models.conformer import ENCODER_OPTIONS, ConformerEncoder
 from asrkit.models.encoder import Encoder
 from asrkit.models.joint import Joint
@@ -121,5 +121,6 @@ def model_config_from_dict(data: dict) -> ModelConfig:
     return ModelConfig(
         encoder=EncoderConfig(**data.get("encoder", {})),
         predictor=PredictorConfig(**data.get("predictor", {})),
-        **{k: v for k, v in data.items() if k not in ("encoder", "predictor")},
+        adapters=AdaptersConfig(**data.get("adapters", {})),
+        **{k: v for k, v in data.items() if k not in ("encoder", "predictor", "adapters")},
     )

@@ -60,14 +60,14 @@ def training_state(config: ExperimentConfig, vocab_size: int) -> TrainingState:
     """Builds the network on the CPU (weights only: no optimizer, no buffers) and counts."""
     import tensorflow as tf
 
-    from asrkit.models.adapters import add_lora
     from asrkit.models.transducer import Transducer
+    from asrkit.training.adapting import apply_adapters
     from asrkit.training.trainer import freeze_encoder
 
     with tf.device("CPU:0"):
         network = Transducer(vocab_size, config.model)
         network.build_from_features(config.features.num_mel_bins)
-        add_lora(network, config.model.adapters)  # the factors train, the rest frozen
+        apply_adapters(network, config)  # the factors and train.trainable train
     freeze_encoder(network, config.train.freeze_encoder)
     trained = [tuple(v.shape) for v in network.trainable_weights]
     encoder = {id(v) for v in network.encoder.trainable_weights}

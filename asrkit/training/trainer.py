@@ -83,10 +83,10 @@ from asrkit.experiment import (
     write_training_lengths,
 )
 from asrkit.features import normalizer_for
-from asrkit.models.adapters import add_lora
 from asrkit.models.transducer import Transducer
 from asrkit.outputs import writable_directory
 from asrkit.tokenizer import Tokenizer
+from asrkit.training.adapting import apply_adapters
 from asrkit.training.callbacks import StopRequest, TrainingProgress
 from asrkit.training.optimizers import build_optimizer
 from asrkit.training.probe import largest_micro_batch, probe_memory
@@ -162,9 +162,7 @@ def build_task(
     t = config.train
     network = Transducer(vocab_size, config.model, name="transducer")
     freeze_encoder(network, t.freeze_encoder)
-    if config.model.adapters.kind != "none":  # LoRA needs the layers built
-        network.build_from_features(config.features.num_mel_bins)
-        add_lora(network, config.model.adapters)
+    apply_adapters(network, config)
     if optimizer is None:
         schedule = learning_rate_schedule(config, total_updates)
         optimizer = build_optimizer(

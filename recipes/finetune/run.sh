@@ -3,7 +3,7 @@
 #
 # Usage: recipes/finetune/run.sh (--nemo MODEL.nemo | --exp EXP) --data DIR [--work DIR]
 #          [--memory SIZE] [--device GPU:0] [--tokenizer keep|new] [--vocab N]
-#          [--parts TRAIN,DEV,TEST] [--config FILE] [--best N]
+#          [--parts TRAIN,DEV,TEST] [--config FILE] [--best N] [--lora RANK]
 #          [--stage N] [--stop-stage M] [--set key=value]...
 #   --data DIR   a LibriSpeech-layout corpus (--parts, default train-clean-100,dev-clean,
 #                test-clean) or a directory holding train.jsonl, dev.jsonl and test.jsonl
@@ -11,6 +11,8 @@
 #   --tokenizer  keep (default: the model's own, every weight is reused) or new (a tokenizer
 #                of --vocab pieces trained on your transcripts: the output layers start fresh)
 #   --config     training settings over the pretrained model's (default conf/finetune.yaml)
+#   --lora RANK  train LoRA factors of this rank (model.adapters) instead of every weight;
+#                with --tokenizer new the vocabulary's own weights train in full beside them
 #   0  import the .nemo (or take the experiment) as <work>/pretrained
 #   1  manifests in <work>/data
 #   2  tokenizer
@@ -27,7 +29,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 stage=0; stop_stage=8; work=exp/finetune; nemo=; exp=; data=; memory=; device=
 tokenizer=keep; vocab=256; parts=train-clean-100,dev-clean,test-clean; best=2
-config="$here/conf/finetune.yaml"; sets=()
+config="$here/conf/finetune.yaml"; sets=(); lora=
 absolute() { [[ $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
 while (( $# )); do
   case "$1" in
@@ -42,10 +44,11 @@ while (( $# )); do
     --parts) parts=$2; shift 2 ;;
     --config) config=$(absolute "$2"); shift 2 ;;
     --best) best=$2; shift 2 ;;
+    --lora) lora=$2; shift 2 ;;
     --stage) stage=$2; shift 2 ;;
     --stop-stage) stop_stage=$2; shift 2 ;;
     --set) sets+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -66,6 +69,7 @@ if [[ $tokenizer == new ]]; then
 fi
 [[ -f $config ]] || fail "--config $config: no such file"
 [[ $best =~ ^[1-9][0-9]*$ ]] || fail "--best $best: a number of checkpoints >= 1"
+[[ -z $lora || $lora =~ ^[1-9][0-9]*$ ]] || fail "--lora $lora: a rank >= 1 (e.g. 8)"
 IFS=, read -r -a split <<< "$parts"
 (( ${#split[@]} == 3 )) || fail "--parts $parts: three parts, TRAIN,DEV,TEST"
 asrkit=${ASRKIT:-asrkit}
@@ -164,6 +168,15 @@ data_sets() {  # the fine-tuning data; an asrkit experiment's own CMVN statistic
   echo --set data.train_shards=shards/train --set data.dev_shards=shards/dev \
     --set data.tokenizer=tokenizer --set data.cmvn=$cmvn --set data.plan=null
 }
+adapter_sets() {  # --lora: the factors, and a new vocabulary's weights in full
+  [[ -n $lora ]] || return 0
+  echo --set model.adapters.kind=lora --set "model.adapters.rank=$lora"
+  if [[ $tokenizer == new ]]; then
+    local full=joint.output_layer,predictor.embedding
+    grep -q 'ctc_head: true' pretrained/config.yaml && full=$full,ctc_head
+    echo --set "train.trainable=[$full]"
+  fi
+}
 wer() { grep -h "WER" "$1/report.txt" | head -n 1; }
 wer_percent() {
   python3 -c 'import json, sys; print("%.2f" % (100 * json.load(open(sys.argv[1]))["wer"]))' \
@@ -182,14 +195,14 @@ plan() {
   local on=(); [[ -n $device ]] && on=(--device "$device")
   # shellcheck disable=SC2046
   "$asrkit" plan --config finetune.yaml --exp-dir exp --memory "$memory" "${on[@]}" \
-    $(data_sets) "${sets[@]}"
+    $(data_sets) $(adapter_sets) "${sets[@]}"
 }
 train() {
   finetune_config
   local planned=(); [[ -f exp/plan.json ]] && planned=(--plan exp/plan.json)
   # shellcheck disable=SC2046
   "$asrkit" train --config finetune.yaml --exp-dir exp --init-from pretrained "${planned[@]}" \
-    $(data_sets) "${sets[@]}"
+    $(data_sets) $(adapter_sets) "${sets[@]}"
 }
 best_average() {  # the --best checkpoints by dev WER (fewer if fewer epochs have one)
   local have

@@ -1102,3 +1102,12 @@ def test_a_lora_run_keeps_its_base_and_decodes_merged(workdir):
         mean[qkv + "kernel"],
         (expected + first[qkv + "kernel"] + scale * first[qkv + "lora_kernel_a"]
          @ first[qkv + "lora_kernel_b"]) / 2, rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
+def test_verify_accumulation_passes_with_lora_and_weights_trained_in_full(workdir):
+    """A new vocabulary's rows (the joint's output layer, the predictor's embedding) train
+    in full beside the factors: still the union's update."""
+    report = _verify(workdir, "model.adapters.kind=lora", "model.adapters.rank=2",
+                     "train.trainable=[joint.output_layer, predictor.embedding]",
+                     config="conformer.yaml")  # fmt: skip
+    assert report.passed and report.max_relative_difference < 1e-5
