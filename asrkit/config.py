@@ -336,12 +336,13 @@ class PredictorConfig:
         _refuse_other_kinds(self, "model.predictor", PREDICTOR_KEYS)
 
 
-ADAPTER_KINDS = ("none", "lora")
+ADAPTER_KINDS = ("none", "lora", "linear")
 # The linear layers LoRA adapts, by name: every Conformer block's attention projections
 # (q, k and v, kept as one qkv kernel, and the output), its two feed-forwards' linears, its
 # convolution module's pointwise linears; the joint's three linears.
 LORA_TARGETS = ("attention", "feed_forward", "convolution", "joint")
 LORA_KEYS = ("rank", "alpha", "targets")
+LINEAR_ADAPTER_KEYS = ("dim",)
 
 
 @dataclass(frozen=True)
@@ -350,16 +351,20 @@ class AdaptersConfig:
     (alpha / rank) x A B to the kernel of every linear layer of `targets` (A: random, B:
     zeros, so training starts from the base network exactly); only A and B train, the
     base's weights stay as loaded and hold no optimizer state. Decoding and the export
-    merge the update into the kernels (no cost at inference)."""
+    merge the update into the kernels (no cost at inference). `kind: linear` adds NeMo's
+    linear adapter (a residual LayerNorm -> `dim` -> swish -> back bottleneck, its output
+    layer at zeros) to each Conformer block's output; only the adapters train, and they
+    stay layers of the network at inference."""
 
-    kind: str = "none"  # none | lora
+    kind: str = "none"  # none | lora | linear
     rank: int = 8
     alpha: float = 16.0
     targets: tuple[str, ...] = ("attention", "feed_forward")
+    dim: int = 32  # linear: the adapters' bottleneck (NeMo's tutorials: 32)
 
     def __post_init__(self):
         _one_of(self, "model.adapters", kind=ADAPTER_KINDS)
-        _at_least(self, "model.adapters", rank=1)
+        _at_least(self, "model.adapters", rank=1, dim=1)
         _positive(self, "model.adapters", "alpha")
         object.__setattr__(self, "targets", tuple(self.targets))
         unknown = [t for t in self.targets if t not in LORA_TARGETS]
@@ -368,7 +373,8 @@ class AdaptersConfig:
                 f"model.adapters.targets must be distinct names from {list(LORA_TARGETS)}, "
                 f"got {list(self.targets)}"
             )
-        _refuse_other_kinds(self, "model.adapters", {"lora": LORA_KEYS})
+        _refuse_other_kinds(self, "model.adapters", {"lora": LORA_KEYS,
+                                                     "linear": LINEAR_ADAPTER_KEYS})  # fmt: skip
 
 
 @dataclass(frozen=True)

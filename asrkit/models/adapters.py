@@ -1,5 +1,6 @@
-"""LoRA on a built transducer network: which linear layers it adapts, turning it on, and
-merging a trained update into plain weights.
+"""Adapters on a built transducer network: which linear layers LoRA adapts, turning it (or
+the blocks' linear adapters) on with everything else frozen, and merging a trained LoRA
+update into plain weights.
 
 LoRA (Hu et al., 2021) keeps a pretrained kernel W frozen and trains a low-rank update:
 the layer computes x (W + (alpha / rank) A B), A [in, rank] random, B [rank, out] zeros, so
@@ -54,20 +55,28 @@ def lora_layers(network, targets: tuple[str, ...]) -> dict[str, keras.layers.Den
     return found
 
 
-def add_lora(network, config: AdaptersConfig, keep=()) -> list[str]:
-    """Turns LoRA on in a built network as `config` says and freezes every other weight
-    but the variables in `keep` (which train in full); returns the adapted layers' names.
-    A no-op (nothing frozen) for `kind: none`."""
+def add_adapters(network, config: AdaptersConfig, keep=()) -> list[str]:
+    """Readies a built network for fine-tuning through `config`'s adapters: LoRA turned on
+    in its target layers, or the linear adapters its blocks already hold (`kind: linear`
+    builds them with the network); every other weight frozen but the variables in `keep`
+    (which train in full). Returns the adapted layers' names; a no-op for `kind: none`."""
     if config.kind == "none":
         return []
     if not network.built:
-        raise ValueError("add_lora: build the network first (Transducer.build_from_features)")
-    layers = lora_layers(network, config.targets)
-    kept = {id(v) for v in keep if v.trainable}
+        raise ValueError("add_adapters: build the network first (Transducer.build_from_features)")
+    if config.kind == "lora":
+        layers = lora_layers(network, config.targets)
+        trained = []
+    else:
+        layers = {f"encoder.blocks.{i}.adapter": block.adapter
+                  for i, block in enumerate(network.encoder.blocks)}  # fmt: skip
+        trained = [v for layer in layers.values() for v in layer.trainable_variables]
+    kept = {id(v) for v in [*keep, *trained] if v.trainable}
     for variable in network.variables:
         variable.trainable = id(variable) in kept
-    for layer in layers.values():
-        layer.enable_lora(config.rank, lora_alpha=config.alpha)
+    if config.kind == "lora":
+        for layer in layers.values():
+            layer.enable_lora(config.rank, lora_alpha=config.alpha)
     return sorted(layers)
 
 

@@ -55,6 +55,7 @@ from asrkit.models.layers import (
     seeded_dropout,
     zero_padding,
 )
+from asrkit.models.linear_adapter import LinearAdapter
 from asrkit.models.subsampling import (
     ConvSubsampling,
     StridingSubsampling,
@@ -150,6 +151,7 @@ BLOCK_OPTIONS = dict(
     use_bias=EncoderConfig.use_bias, norm_epsilon=EncoderConfig.norm_epsilon,
     batch_norm_momentum=EncoderConfig.batch_norm_momentum,
     attention_dropout=EncoderConfig.attention_dropout,  # None: the block's dropout
+    adapter_dim=0,  # a linear adapter of this many units on the block's output (0: none)
 )  # fmt: skip
 
 
@@ -182,6 +184,10 @@ class ConformerBlock(CompositeLayer):
         self.ff2 = FeedForward(**ff)
         # The LayerNorm at the end of every block (final_norm "block").
         self.out_norm = keras.layers.LayerNormalization(epsilon=epsilon) if o["out_norm"] else None
+        self.adapter = (
+            LinearAdapter(d_model=d_model, dim=o["adapter_dim"], epsilon=epsilon)
+            if o["adapter_dim"] else None
+        )  # fmt: skip
 
     def call(self, x, lengths, training=False, seed=None, allowed=None, chunk=None):
         """x [B, T, D] -> [B, T, D]; every dropout mask is drawn from `seed` [2], so the
@@ -201,7 +207,10 @@ class ConformerBlock(CompositeLayer):
         x = residual_dropout(x, attended, 1.0, self.dropout, seed, 3, training)
         x = self.conv.residual(x, lengths, training=training, seed=part(4), chunk=chunk)
         x = self.ff2.residual(x, training=training, seed=part(5))
-        return zero_padding(_normed(self.out_norm, x, training), lengths)
+        return zero_padding(self._adapted(_normed(self.out_norm, x, training)), lengths)
+
+    def _adapted(self, x):
+        return x if self.adapter is None else self.adapter(x)
 
     def stream(self, x, state, offset, allowed, chunk=None):
         """The next frames of one stream (see `ConformerEncoder.stream`): state = (keys,
@@ -215,7 +224,7 @@ class ConformerBlock(CompositeLayer):
         convolved, tail = self.conv.stream(x, tail, chunk)
         x = x + convolved
         x = x + 0.5 * self.ff2(x)
-        return _normed(self.out_norm, x), (keys, values, tail)
+        return self._adapted(_normed(self.out_norm, x)), (keys, values, tail)
 
     def get_config(self):
         return {
@@ -236,6 +245,8 @@ ENCODER_OPTIONS = (
     "stochastic_depth", "stochastic_depth_mode", "stochastic_depth_start",
     "causal_subsampling", "lookaheads",
 )  # fmt: skip
+# Set from model.adapters (kind linear), not model.encoder: a linear adapter per block.
+ADAPTER_DIM = "adapter_dim"
 
 
 SKIP_SALT = 7777  # a block's skip draw: its seed folded with this, apart from its masks'
@@ -260,8 +271,9 @@ class ConformerEncoder(Encoder):
         self, *, d_model: int, num_blocks: int, num_heads: int, kernel_size: int,
         dropout: float, conv_norm: str, subsampling_filters: int, final_norm: str, **options,
     ):  # fmt: skip
-        kwargs = {k: v for k, v in options.items() if k not in ENCODER_OPTIONS}
+        kwargs = {k: v for k, v in options.items() if k not in (*ENCODER_OPTIONS, ADAPTER_DIM)}
         super().__init__(**kwargs)
+        self.adapter_dim = int(options.get(ADAPTER_DIM, 0))
         if final_norm not in FINAL_NORMS:
             raise ValueError(f"final_norm must be one of {FINAL_NORMS}, got {final_norm!r}")
         o = {k: options.get(k, getattr(EncoderConfig, k)) for k in ENCODER_OPTIONS}
@@ -317,6 +329,7 @@ class ConformerEncoder(Encoder):
                 norm_epsilon=o["norm_epsilon"],
                 batch_norm_momentum=o["batch_norm_momentum"],
                 attention_dropout=o["attention_dropout"],
+                adapter_dim=self.adapter_dim,
             )
             for _ in range(num_blocks)
         ]
@@ -481,7 +494,8 @@ class ConformerEncoder(Encoder):
         return _normed(self.norm, x), (offset + tf.shape(x)[1], kept)
 
     def get_config(self):
-        return {**super().get_config(), **self.sizes, **self.options}
+        adapter = {ADAPTER_DIM: self.adapter_dim} if self.adapter_dim else {}
+        return {**super().get_config(), **self.sizes, **self.options, **adapter}
 
 
 def _normed(norm, x, training=False):

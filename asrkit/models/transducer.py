@@ -15,15 +15,21 @@ import keras
 import numpy as np
 
 from asrkit.config import AdaptersConfig, EncoderConfig, ModelConfig, PredictorConfig
-from asrkit.models.conformer import ENCODER_OPTIONS, ConformerEncoder
+from asrkit.models.conformer import ADAPTER_DIM, ENCODER_OPTIONS, ConformerEncoder
 from asrkit.models.encoder import Encoder
 from asrkit.models.joint import Joint
 from asrkit.models.lstm_encoder import LSTMEncoder
 from asrkit.models.predictor import build_predictor
 
 
-def build_encoder(config: EncoderConfig) -> Encoder:
+def build_encoder(config: EncoderConfig, adapter_dim: int = 0) -> Encoder:
+    """`adapter_dim` > 0: a linear adapter of that many units on each Conformer block."""
     if config.kind == "lstm":
+        if adapter_dim:
+            raise ValueError(
+                "model.adapters.kind linear adds an adapter to each Conformer block; an lstm "
+                "encoder has none (use kind lora with targets [joint])"
+            )
         return LSTMEncoder(
             units=config.lstm_units, num_layers=config.lstm_layers, dropout=config.dropout,
             subsampling_filters=config.subsampling_filters, recompute=config.recompute,
@@ -34,7 +40,7 @@ def build_encoder(config: EncoderConfig) -> Encoder:
         d_model=config.d_model, num_blocks=config.num_blocks, num_heads=config.num_heads,
         kernel_size=config.kernel_size, dropout=config.dropout, conv_norm=config.conv_norm,
         subsampling_filters=config.subsampling_filters, final_norm=config.final_norm,
-        name="encoder", **options,
+        name="encoder", **options, **({ADAPTER_DIM: adapter_dim} if adapter_dim else {}),
     )  # fmt: skip
 
 
@@ -47,7 +53,10 @@ class Transducer(keras.Model):
         elif isinstance(config, dict):
             config = model_config_from_dict(config)
         self.vocab_size, self.config = int(vocab_size), config
-        self.encoder = build_encoder(config.encoder)
+        adapters = config.adapters
+        self.encoder = build_encoder(
+            config.encoder, adapters.dim if adapters.kind == "linear" else 0
+        )
         self.predictor = build_predictor(vocab_size, config.predictor, config.torch_biases)
         self.joint = Joint(
             vocab_size=vocab_size, dim=config.joint_dim, activation=config.joint_activation,

@@ -1,11 +1,12 @@
-"""A network made ready for fine-tuning through adapters: built, LoRA turned on, and what
-`train.trainable` names left to train in full (checked against the network's weights)."""
+"""A network made ready for fine-tuning through adapters: built, LoRA or the linear
+adapters turned on, and what `train.trainable` names left to train in full (checked
+against the network's weights)."""
 
 from __future__ import annotations
 
 from asrkit.checkpoints import named_variables
 from asrkit.config import ConfigError, ExperimentConfig
-from asrkit.models.adapters import add_lora
+from asrkit.models.adapters import add_adapters
 
 
 def named_weights(network, entries: tuple[str, ...]) -> list:
@@ -28,10 +29,10 @@ def named_weights(network, entries: tuple[str, ...]) -> list:
 
 
 def apply_adapters(network, config: ExperimentConfig) -> list[str]:
-    """`model.adapters` on a network (built here if needed), `train.trainable` kept
-    trainable; returns the adapted layers' names ([] without adapters)."""
+    """`model.adapters` (LoRA or linear adapters) on a network, built here if needed,
+    `train.trainable` kept trainable; returns the adapted layers' names ([] without)."""
     adapters = config.model.adapters
     if adapters.kind == "none":
         return []
     network.build_from_features(config.features.num_mel_bins)
-    return add_lora(network, adapters, named_weights(network, config.train.trainable))
+    return add_adapters(network, adapters, named_weights(network, config.train.trainable))

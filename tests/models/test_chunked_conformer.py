@@ -208,8 +208,9 @@ def test_a_module_context_and_an_encoder_conv_context_must_be_known():
     [
         dict(conv_context="chunk"),
         dict(attention="relative", xscaling=True, norm_epsilon=1e-5, conv_context="causal"),
+        dict(conv_context="chunk", adapter_dim=4),
     ],
-    ids=["rotary", "relative positions, xscaling"],
+    ids=["rotary", "relative positions, xscaling", "linear adapters"],
 )
 def test_an_encoder_fed_in_pieces_gives_the_whole_utterances_frames(options):
     """stream() / finish_stream() over feature pieces of uneven sizes (the caller keeps the
@@ -221,6 +222,10 @@ def test_an_encoder_fed_in_pieces_gives_the_whole_utterances_frames(options):
                                final_norm="block", chunk_frames=3, left_chunks=1,
                                **options)  # fmt: skip
     features = np.random.default_rng(2).standard_normal((1, 137, 80)).astype(np.float32)
+    whole, lengths = encoder(features, np.array([137]))
+    for block in encoder.blocks if options.get("adapter_dim") else ():  # a trained adapter
+        up = block.adapter.up.kernel
+        up.assign(0.3 * np.random.default_rng(5).standard_normal(up.shape).astype(np.float32))
     whole, lengths = encoder(features, np.array([137]))
     state, waiting, pieces, start = encoder.initial_stream_state(1), features[:, :0], [], 0
     for size in (5, 1, 30, 0, 17, 44, 40):

@@ -1111,3 +1111,12 @@ def test_verify_accumulation_passes_with_lora_and_weights_trained_in_full(workdi
                      "train.trainable=[joint.output_layer, predictor.embedding]",
                      config="conformer.yaml")  # fmt: skip
     assert report.passed and report.max_relative_difference < 1e-5
+
+
+def test_verify_accumulation_passes_with_linear_adapters(workdir):
+    """Only the adapters train; their first update is the output layer's alone (the rest
+    of an adapter gets no gradient through a zero layer), summed over every frame: float
+    rounding of 1.3e-5 relative here, a wrong normalisation would be O(1)."""
+    report = _verify(workdir, "model.adapters.kind=linear", "model.adapters.dim=4",
+                     config="conformer.yaml")  # fmt: skip
+    assert report.passed and report.max_relative_difference < 5e-5
