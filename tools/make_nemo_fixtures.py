@@ -25,6 +25,10 @@ CPU minutes on the clips' transcripts, saved with NeMo's `save_to`, then restore
 archive: their encoder frames, predictor states, joint log-probs at sampled cells, RNN-T
 losses and greedy_batch tokens and frames on the clips.
 
+Adapters (`adapters.nemo`, `adapters.npz` / `.json`): `rnnt.nemo` with a NeMo
+LinearAdapter on its encoder (randomised) and a disabled second one; NeMo's encoder frames
+and greedy tokens with the adapter enabled. Written from the archive (`--parts adapters`).
+
 Beam searches (`beams.json`): NeMo's batched beam searches on the committed `rnnt.nemo`
 and `tdt.nemo` (malsd_batch, beam 4, unnormalised scores): each clip's best tokens, frames
 and score. Written from the archives alone (`--parts beams`), so the other fixtures stay.
@@ -818,9 +822,63 @@ def _nemo_stream(model, wave, buffer_class):
     return chunks, [int(t) for t in hypotheses[0].y_sequence]
 
 
+def adapters(out: Path) -> None:
+    """The committed `rnnt.nemo` with NeMo's linear adapters (`adapters.nemo`): restored
+    with its encoder as NeMo's ConformerEncoderAdapter, a LinearAdapter `ft` of 8 units
+    added on the encoder (every block, "post"), its weights randomised (a zero output
+    layer would hide it), a second adapter `off` added and left disabled; saved, restored,
+    and NeMo's encoder frames and greedy tokens on the clips written to `adapters.npz` /
+    `adapters.json`."""
+    import numpy as np
+    import torch
+    from nemo.collections.asr.models import EncDecRNNTBPEModel
+    from nemo.collections.common.parts.adapter_modules import LinearAdapterConfig
+    from nemo.core import adapter_mixins
+    from omegaconf import open_dict
+
+    source = str(out / "rnnt.nemo")
+    cfg = EncDecRNNTBPEModel.restore_from(source, return_config=True, map_location="cpu")
+    with open_dict(cfg):
+        cfg.encoder._target_ = adapter_mixins.get_registered_adapter(
+            cfg.encoder._target_).adapter_class_path  # fmt: skip
+    model = EncDecRNNTBPEModel.restore_from(source, override_config_path=cfg, map_location="cpu")
+    d_model = model.cfg.encoder.d_model
+    model.add_adapter(name="encoder:ft", cfg=LinearAdapterConfig(in_features=d_model, dim=8))
+    model.add_adapter(name="encoder:off", cfg=LinearAdapterConfig(in_features=d_model, dim=4))
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".adapter_layer." in name:
+                parameter.normal_(1.0 if name.endswith("module.0.weight") else 0.0, 0.3)
+    model.set_enabled_adapters(enabled=False)
+    model.set_enabled_adapters(name="encoder:ft", enabled=True)
+    model.save_to(str(out / "adapters.nemo"))
+    model = EncDecRNNTBPEModel.restore_from(str(out / "adapters.nemo"), map_location="cpu")
+    model.eval()
+    assert model.get_enabled_adapters() == ["ft"], model.get_enabled_adapters()
+    lengths, batch = _clip_batch()
+    with torch.no_grad():
+        feats, feat_lengths = model.preprocessor(
+            input_signal=torch.from_numpy(batch), length=torch.from_numpy(lengths)
+        )
+        encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
+        hyps = model.decoding.rnnt_decoder_predictions_tensor(
+            encoder_output=encoded, encoded_lengths=encoded_lengths, return_hypotheses=True
+        )
+        model.set_enabled_adapters(enabled=False)
+        plain, _ = model.encoder(audio_signal=feats, length=feat_lengths)
+    assert float((plain - encoded).abs().max()) > 1e-2  # the adapter changes the frames
+    np.savez_compressed(out / "adapters.npz", encoded=encoded.numpy(),
+                        encoded_lengths=encoded_lengths.numpy())  # fmt: skip
+    (out / "adapters.json").write_text(json.dumps({
+        "clips": [str(p.relative_to(ROOT)) for p in CLIPS],
+        "greedy": [[int(t) for t in h.y_sequence] for h in hyps],
+    }, indent=1) + "\n")  # fmt: skip
+
+
 PARTS = {"features": features, "attention": attention, "encoders": encoders, "models": models,
          "beams": beams, "tdt_losses": tdt_losses, "steps": steps,
-         "streaming": streaming}  # fmt: skip
+         "streaming": streaming, "adapters": adapters}  # fmt: skip
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asrkit.config import (
+    AdaptersConfig,
     DataConfig,
     DecodeConfig,
     EncoderConfig,
@@ -57,6 +58,8 @@ class ImportPlan:
     config: ExperimentConfig
     kind: str  # "RNN-T" or "TDT"
     notes: tuple[str, ...] = field(default=())
+    adapter: str | None = None  # the enabled linear adapter's name (model.adapters linear)
+    dropped_adapters: tuple[str, ...] = ()  # disabled adapters: imported without them
 
 
 @dataclass(frozen=True)
@@ -92,10 +95,10 @@ class _Section:
             self.refuse(key, value, " or ".join(repr(a) for a in allowed))
         return value
 
-    def target(self, expected: str) -> None:
+    def target(self, *expected: str) -> None:
         target = str(self.data.get("_target_", ""))
-        if target.rsplit(".", 1)[-1] != expected:
-            self.refuse("_target_", target or None, expected)
+        if target.rsplit(".", 1)[-1] not in expected:
+            self.refuse("_target_", target or None, " or ".join(expected))
 
 
 def plan_import(nemo: dict, source: str) -> ImportPlan:
@@ -123,9 +126,11 @@ def plan_import(nemo: dict, source: str) -> ImportPlan:
     durations = _durations(nemo, joint, source, notes)
     greedy = _Section(source, "decoding.greedy", (nemo.get("decoding") or {}).get("greedy") or {})
     max_symbols = int(greedy.get("max_symbols", 10) or 10)
+    adapters, adapter, dropped = _adapters(nemo, source, encoder.d_model, notes)
     model = ModelConfig(
         encoder=encoder, predictor=predictor, joint_dim=int(net.get("joint_hidden", 640)),
         joint_activation=activation, durations=durations, ctc_head=hybrid, torch_biases=True,
+        adapters=adapters,
     )  # fmt: skip
     data = DataConfig(tokenizer="tokenizer", cmvn=None, **_spec_augment(nemo, source, notes))
     loss = _loss(nemo, source, bool(durations), hybrid, notes)
@@ -133,7 +138,49 @@ def plan_import(nemo: dict, source: str) -> ImportPlan:
         model=model, loss=loss, data=data, features=features, train=_train(nemo, notes),
         decode=DecodeConfig(max_symbols_per_step=max_symbols),
     )  # fmt: skip
-    return ImportPlan(config, "TDT" if durations else "RNN-T", tuple(notes))
+    return ImportPlan(config, "TDT" if durations else "RNN-T", tuple(notes), adapter, dropped)
+
+
+def _adapters(nemo: dict, source: str, d_model: int, notes: list[str]):
+    """NeMo's `adapters` section (ASRAdapterModelMixin.add_adapter): one enabled
+    LinearAdapter on the encoder is asrkit's `model.adapters.kind: linear` (applied after
+    each block, as NeMo's "post" location); disabled ones are left out with a note. ->
+    (AdaptersConfig, the enabled adapter's name or None, the disabled ones' names)."""
+    section = nemo.get("adapters") or {}
+    names = [k for k in section if k != "global_cfg"]
+    modules = ((section.get("global_cfg") or {}).get("adapter_meta_cfg") or {}).get("modules")
+    enabled = [n for n in names if (section.get(n) or {}).get("enabled", True)]
+    dropped = tuple(n for n in names if n not in enabled)
+    for name in dropped:
+        notes.append(f"adapters.{name} is disabled in the checkpoint: imported without it")
+    if not enabled:
+        return AdaptersConfig(), None, dropped
+    if len(enabled) > 1:
+        raise UnsupportedNemoModel(
+            f"{source}: adapters {enabled} are enabled together (asrkit imports one enabled "
+            "linear adapter on the encoder; disable the others with set_enabled_adapters)"
+        )
+    name = enabled[0]
+    adapter = _Section(source, f"adapters.{name}", section[name])
+    if (modules or {}).get(name, "encoder") != "encoder":
+        adapter.refuse("module", modules.get(name), "'encoder' (adapters on the encoder)")
+    adapter.target("LinearAdapter")
+    adapter.require("activation", "swish", ("swish",))
+    adapter.require("norm_position", "pre", ("pre",))
+    if int(adapter.get("in_features", d_model)) != d_model:
+        adapter.refuse("in_features", adapter.get("in_features"), f"{d_model} (the encoder's)")
+    strategy = _Section(source, f"adapters.{name}.adapter_strategy",
+                        adapter.get("adapter_strategy") or {})  # fmt: skip
+    if strategy.get("_target_"):
+        strategy.target("ResidualAddAdapterStrategy")
+    for key in ("stochastic_depth", "l2_lambda"):
+        if strategy.get(key, 0.0):
+            notes.append(f"adapters.{name}.adapter_strategy.{key} {strategy.get(key)} is "
+                         "not modelled (the adapter trains without it)")  # fmt: skip
+    if adapter.get("dropout", 0.0):
+        notes.append(f"adapters.{name}.dropout {adapter.get('dropout')} is not modelled (the "
+                     "adapter trains without dropout)")  # fmt: skip
+    return AdaptersConfig(kind="linear", dim=int(adapter.get("dim"))), name, dropped
 
 
 # NeMo's rnnt_reduction (and ctc_reduction) -> loss.normalize_by; asrkit divides the
@@ -276,7 +323,7 @@ def _features(pre: _Section, notes: list[str]) -> FeatureConfig:
 
 
 def _encoder(enc: _Section, features: FeatureConfig, notes: list[str]) -> EncoderConfig:
-    enc.target("ConformerEncoder")
+    enc.target("ConformerEncoder", "ConformerEncoderAdapter")
     enc.require("self_attention_model", "rel_pos", ("rel_pos",))
     enc.require("untie_biases", True, (True,))
     conv_norm = enc.require("conv_norm_type", "batch_norm", ("batch_norm", "layer_norm"))
@@ -438,6 +485,13 @@ def nemo_training_lengths(nemo: dict):
     )
 
 
+def _adapter_key(key: str, adapter: str | None) -> str:
+    """`encoder.layers.N.adapter_layer.<name>.module...` -> `encoder.layers.N.adapter.module...`
+    for the enabled adapter (its name is NeMo's choice, not the network's)."""
+    marker = f".adapter_layer.{adapter}."
+    return key.replace(marker, ".adapter.") if adapter and marker in key else key
+
+
 def import_nemo(nemo_path: str | os.PathLike, exp_dir: str | os.PathLike) -> ImportSummary:
     """Reads, checks and converts a .nemo file into the experiment `exp_dir` (which must
     not exist or be empty)."""
@@ -460,8 +514,9 @@ def import_nemo(nemo_path: str | os.PathLike, exp_dir: str | os.PathLike) -> Imp
     from asrkit.importers.nemo_weights import assign_nemo_transducer, check_feature_buffers
 
     weights = {
-        k: v for k, v in archive.weights.items()
+        _adapter_key(k, plan.adapter): v for k, v in archive.weights.items()
         if not k.startswith(("preprocessor.", "spec_augmentation."))
+        and not any(f".adapter_layer.{name}." in k for name in plan.dropped_adapters)
     }  # fmt: skip
     check_feature_buffers(archive.weights, plan.config.features, source)
     model_ref = (archive.config.get("tokenizer") or {}).get("model_path")

@@ -126,6 +126,10 @@ def assign_nemo_encoder(
         else:
             a.batch_norm(conv.norm, f"{layer}.conv.batch_norm")
         a.pointwise1d(conv.pointwise_out, f"{layer}.conv.pointwise_conv2")
+        if block.adapter is not None:  # NeMo's LinearAdapter: LayerNorm, Linear, swish, Linear
+            a.norm(block.adapter.norm, f"{layer}.adapter.module.0")
+            a.linear(block.adapter.down, f"{layer}.adapter.module.1")
+            a.linear(block.adapter.up, f"{layer}.adapter.module.3")
     mine = {k for k in state if k.startswith(prefix)}
     left = sorted(mine - a.used)
     if left:

@@ -19,6 +19,7 @@ from asrkit.models.conformer import ConformerBlock, ConformerEncoder, FeedForwar
 from asrkit.models.convolution import ConvolutionModule
 from asrkit.models.joint import Joint, SimpleJoiner
 from asrkit.models.layers import BatchNorm, relu_keeping_signs, zero_padding
+from asrkit.models.linear_adapter import LinearAdapter
 from asrkit.models.lstm_encoder import LSTMEncoder
 from asrkit.models.predictor import LSTMPredictor, StatelessPredictor, TorchLSTMCell
 from asrkit.models.subsampling import ConvSubsampling, StridingSubsampling
@@ -61,6 +62,7 @@ def _heads(m):
 # Each entry: (the registered class, its factory, call(layer) -> a tensor).
 LAYERS = {
     "feed_forward": (FeedForward, lambda: FeedForward(d_model=16, dropout=0.1), lambda m: m(X)),
+    "linear_adapter": (LinearAdapter, lambda: LinearAdapter(d_model=16, dim=4), lambda m: m(X)),
     "attention_rotary": (
         SelfAttention,
         lambda: SelfAttention(d_model=16, num_heads=2, dropout=0.0),
