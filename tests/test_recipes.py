@@ -264,6 +264,8 @@ def test_finetune_recipe_refuses_wrong_arguments_in_one_line(tmp_path):
         ("--exp", str(fake), "--data", "nowhere"): "nowhere: no such directory",
         ("--exp", str(fake), "--data", str(tmp_path), "--tokenizer", "old"): "keep or new",
         ("--exp", str(fake), "--data", str(tmp_path), "--lora", "0"): "a rank >= 1",
+        ("--exp", str(fake), "--data", str(tmp_path), "--lora", "2", "--adapters", "8"):
+            "choose one",
         ("--exp", str(fake), "--data", str(tmp_path), "--parts", "a,b"): "three parts",
         ("--exp", str(fake), "--data", str(tmp_path), "--best", "0"): "--best 0: a number",
         ("--frobnicate",): "unknown argument: --frobnicate",

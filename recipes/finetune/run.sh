@@ -3,7 +3,7 @@
 #
 # Usage: recipes/finetune/run.sh (--nemo MODEL.nemo | --exp EXP) --data DIR [--work DIR]
 #          [--memory SIZE] [--device GPU:0] [--tokenizer keep|new] [--vocab N]
-#          [--parts TRAIN,DEV,TEST] [--config FILE] [--best N] [--lora RANK]
+#          [--parts TRAIN,DEV,TEST] [--config FILE] [--best N] [--lora RANK | --adapters DIM]
 #          [--stage N] [--stop-stage M] [--set key=value]...
 #   --data DIR   a LibriSpeech-layout corpus (--parts, default train-clean-100,dev-clean,
 #                test-clean) or a directory holding train.jsonl, dev.jsonl and test.jsonl
@@ -13,6 +13,7 @@
 #   --config     training settings over the pretrained model's (default conf/finetune.yaml)
 #   --lora RANK  train LoRA factors of this rank (model.adapters) instead of every weight;
 #                with --tokenizer new the vocabulary's own weights train in full beside them
+#   --adapters DIM  the same with NeMo's linear adapters of DIM units on every block
 #   0  import the .nemo (or take the experiment) as <work>/pretrained
 #   1  manifests in <work>/data
 #   2  tokenizer
@@ -29,7 +30,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 stage=0; stop_stage=8; work=exp/finetune; nemo=; exp=; data=; memory=; device=
 tokenizer=keep; vocab=256; parts=train-clean-100,dev-clean,test-clean; best=2
-config="$here/conf/finetune.yaml"; sets=(); lora=
+config="$here/conf/finetune.yaml"; sets=(); lora=; linear=
 absolute() { [[ $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
 while (( $# )); do
   case "$1" in
@@ -45,10 +46,11 @@ while (( $# )); do
     --config) config=$(absolute "$2"); shift 2 ;;
     --best) best=$2; shift 2 ;;
     --lora) lora=$2; shift 2 ;;
+    --adapters) linear=$2; shift 2 ;;
     --stage) stage=$2; shift 2 ;;
     --stop-stage) stop_stage=$2; shift 2 ;;
     --set) sets+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -70,6 +72,8 @@ fi
 [[ -f $config ]] || fail "--config $config: no such file"
 [[ $best =~ ^[1-9][0-9]*$ ]] || fail "--best $best: a number of checkpoints >= 1"
 [[ -z $lora || $lora =~ ^[1-9][0-9]*$ ]] || fail "--lora $lora: a rank >= 1 (e.g. 8)"
+[[ -z $linear || $linear =~ ^[1-9][0-9]*$ ]] || fail "--adapters $linear: a size >= 1 (e.g. 32)"
+[[ -n $lora && -n $linear ]] && fail "--lora and --adapters both given: choose one"
 IFS=, read -r -a split <<< "$parts"
 (( ${#split[@]} == 3 )) || fail "--parts $parts: three parts, TRAIN,DEV,TEST"
 asrkit=${ASRKIT:-asrkit}
@@ -168,9 +172,14 @@ data_sets() {  # the fine-tuning data; an asrkit experiment's own CMVN statistic
   echo --set data.train_shards=shards/train --set data.dev_shards=shards/dev \
     --set data.tokenizer=tokenizer --set data.cmvn=$cmvn --set data.plan=null
 }
-adapter_sets() {  # --lora: the factors, and a new vocabulary's weights in full
-  [[ -n $lora ]] || return 0
-  echo --set model.adapters.kind=lora --set "model.adapters.rank=$lora"
+adapter_sets() {  # --lora/--adapters: the adapters, and a new vocabulary's weights in full
+  if [[ -n $lora ]]; then
+    echo --set model.adapters.kind=lora --set "model.adapters.rank=$lora"
+  elif [[ -n $linear ]]; then
+    echo --set model.adapters.kind=linear --set "model.adapters.dim=$linear"
+  else
+    return 0
+  fi
   if [[ $tokenizer == new ]]; then
     local full=joint.output_layer,predictor.embedding
     grep -q 'ctc_head: true' pretrained/config.yaml && full=$full,ctc_head
