@@ -396,7 +396,8 @@ class ModelConfig:
     # A CTC head on the encoder (a linear layer to the vocabulary, blank shared): trained
     # with loss.ctc_weight, decoded with `--method ctc` (a hybrid CTC/transducer model).
     ctc_head: bool = False
-    # Fine-tuning through adapters (LoRA): trained as adapters, decoded merged.
+    # Fine-tuning through adapters: LoRA (decoded merged into the kernels) or linear adapters
+    # (layers of the network).
     adapters: AdaptersConfig = AdaptersConfig()
 
     def __post_init__(self):

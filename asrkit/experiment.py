@@ -191,12 +191,11 @@ def load_experiment(
         [Path(checkpoint)] if checkpoint
         else last_checkpoints(Path(exp_dir) / "checkpoints", max(average, 1))
     )  # fmt: skip
-    if config.model.adapters.kind != "none":  # the plain network, each update merged in
-        assign_weights(network, average_checkpoints(found, adapted_weights(config)))
-    elif len(found) == 1:
+    merged = adapted_weights(config)  # LoRA: the plain network, each update merged in
+    if len(found) == 1 and merged is None:
         restore(network, found[0])
     else:
-        assign_weights(network, average_checkpoints(found))
+        assign_weights(network, average_checkpoints(found, merged))
     if checkpoint:
         weights = str(checkpoint)
     elif len(found) == 1:
@@ -296,9 +295,10 @@ def check_chunk_override(config: ExperimentConfig, chunk_frames: int) -> None:
 
 
 def adapted_weights(config: ExperimentConfig):
-    """For an experiment trained through adapters: checkpoint values -> the plain network's
-    (`asrkit.models.adapters.merged_weights`), else None (values as they are)."""
-    if config.model.adapters.kind == "none":
+    """For an experiment trained through LoRA: checkpoint values -> the plain network's
+    (`asrkit.models.adapters.merged_weights`); else None (values as they are: linear
+    adapters are layers of the network)."""
+    if config.model.adapters.kind != "lora":
         return None
     from asrkit.models.adapters import merged_weights
 

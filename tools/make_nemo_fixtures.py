@@ -68,6 +68,23 @@ FEATURE_SETTINGS = {
 }  # fmt: skip
 
 
+def _nemo_search(model, batch, lengths):
+    """NeMo's features, encoder frames and its configured search on a padded batch (NumPy
+    waveforms [B, S] and lengths [B]): (feats, feat_lengths, encoded, encoded_lengths,
+    hypotheses)."""
+    import torch
+
+    with torch.no_grad():
+        feats, feat_lengths = model.preprocessor(
+            input_signal=torch.from_numpy(batch), length=torch.from_numpy(lengths)
+        )
+        encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
+        hyps = model.decoding.rnnt_decoder_predictions_tensor(
+            encoder_output=encoded, encoded_lengths=encoded_lengths, return_hypotheses=True
+        )
+    return feats, feat_lengths, encoded, encoded_lengths, hyps
+
+
 def _clip_batch():
     """The real clips: their lengths and one zero-padded float32 batch of them."""
     import numpy as np
@@ -408,7 +425,6 @@ BEAM = 4
 def beams(out: Path) -> None:
     """NeMo's malsd_batch beam search (beam BEAM, scores not length-normalised) on the
     committed archives, restored as NeMo restores them: the best hypothesis of each clip."""
-    import torch
     from nemo.collections.asr.models import EncDecRNNTBPEModel
     from omegaconf import OmegaConf, open_dict
 
@@ -425,14 +441,7 @@ def beams(out: Path) -> None:
         cfg = OmegaConf.create(decoding)
         with open_dict(cfg):
             model.change_decoding_strategy(cfg, verbose=False)
-        with torch.no_grad():
-            feats, feat_lengths = model.preprocessor(
-                input_signal=torch.from_numpy(batch), length=torch.from_numpy(lengths)
-            )
-            encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
-            hyps = model.decoding.rnnt_decoder_predictions_tensor(
-                encoder_output=encoded, encoded_lengths=encoded_lengths, return_hypotheses=True
-            )
+        *_, hyps = _nemo_search(model, batch, lengths)
         summary[name] = {
             "tokens": [[int(t) for t in h.y_sequence] for h in hyps],
             "frames": [[int(t) for t in h.timestamp] for h in hyps],
@@ -857,14 +866,8 @@ def adapters(out: Path) -> None:
     model.eval()
     assert model.get_enabled_adapters() == ["ft"], model.get_enabled_adapters()
     lengths, batch = _clip_batch()
+    feats, feat_lengths, encoded, encoded_lengths, hyps = _nemo_search(model, batch, lengths)
     with torch.no_grad():
-        feats, feat_lengths = model.preprocessor(
-            input_signal=torch.from_numpy(batch), length=torch.from_numpy(lengths)
-        )
-        encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
-        hyps = model.decoding.rnnt_decoder_predictions_tensor(
-            encoder_output=encoded, encoded_lengths=encoded_lengths, return_hypotheses=True
-        )
         model.set_enabled_adapters(enabled=False)
         plain, _ = model.encoder(audio_signal=feats, length=feat_lengths)
     assert float((plain - encoded).abs().max()) > 1e-2  # the adapter changes the frames

@@ -9,8 +9,8 @@ Runs under any Python that has `pocketsphinx` and `soundfile` (not asrkit's envi
 neither is a dependency of asrkit) and writes `ref.txt` / `hyp.txt` as `asrkit decode` does,
 so that asrkit's scoring tools read them:
 
-    python -m venv /tmp/ps && /tmp/ps/bin/pip install pocketsphinx soundfile
-    /tmp/ps/bin/python tools/reference_pocketsphinx.py --manifest data/test-clean.jsonl \\
+    python3.11 -m venv /path/ps-venv && /path/ps-venv/bin/pip install pocketsphinx soundfile
+    /path/ps-venv/bin/python tools/reference_pocketsphinx.py --manifest data/test-clean.jsonl \\
         --out exp/decode_test_pocketsphinx
 """
 

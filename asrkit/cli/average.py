@@ -32,10 +32,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         writable_directory(Path(args.exp_dir) / "averaged", "--exp-dir")
     from asrkit.checkpoints import average_best, average_last, read_state
-    from asrkit.experiment import adapted_weights, load_experiment_config
+    from asrkit.experiment import CONFIG_FILE, adapted_weights, load_experiment_config
 
-    # adapters (LoRA) merged into each checkpoint's kernels first: the average of the networks
-    recorded = (Path(args.exp_dir) / "config.yaml").is_file()
+    # LoRA merged into each checkpoint's kernels first: the average of the networks
+    recorded = (Path(args.exp_dir) / CONFIG_FILE).is_file()
     prepare = adapted_weights(load_experiment_config(args.exp_dir)) if recorded else None
     if args.best is not None:
         averaged = average_best(args.exp_dir, args.best, args.out, prepare)

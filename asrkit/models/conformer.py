@@ -245,8 +245,6 @@ ENCODER_OPTIONS = (
     "stochastic_depth", "stochastic_depth_mode", "stochastic_depth_start",
     "causal_subsampling", "lookaheads",
 )  # fmt: skip
-# Set from model.adapters (kind linear), not model.encoder: a linear adapter per block.
-ADAPTER_DIM = "adapter_dim"
 
 
 SKIP_SALT = 7777  # a block's skip draw: its seed folded with this, apart from its masks'
@@ -269,11 +267,14 @@ class ConformerEncoder(Encoder):
 
     def __init__(
         self, *, d_model: int, num_blocks: int, num_heads: int, kernel_size: int,
-        dropout: float, conv_norm: str, subsampling_filters: int, final_norm: str, **options,
+        dropout: float, conv_norm: str, subsampling_filters: int, final_norm: str,
+        adapter_dim: int = 0, **options,
     ):  # fmt: skip
-        kwargs = {k: v for k, v in options.items() if k not in (*ENCODER_OPTIONS, ADAPTER_DIM)}
+        """`adapter_dim` > 0: a linear adapter of that many units on every block (set from
+        model.adapters kind linear, not model.encoder)."""
+        kwargs = {k: v for k, v in options.items() if k not in ENCODER_OPTIONS}
         super().__init__(**kwargs)
-        self.adapter_dim = int(options.get(ADAPTER_DIM, 0))
+        self.adapter_dim = adapter_dim
         if final_norm not in FINAL_NORMS:
             raise ValueError(f"final_norm must be one of {FINAL_NORMS}, got {final_norm!r}")
         o = {k: options.get(k, getattr(EncoderConfig, k)) for k in ENCODER_OPTIONS}
@@ -494,8 +495,8 @@ class ConformerEncoder(Encoder):
         return _normed(self.norm, x), (offset + tf.shape(x)[1], kept)
 
     def get_config(self):
-        adapter = {ADAPTER_DIM: self.adapter_dim} if self.adapter_dim else {}
-        return {**super().get_config(), **self.sizes, **self.options, **adapter}
+        return {**super().get_config(), **self.sizes, **self.options,
+                "adapter_dim": self.adapter_dim}  # fmt: skip
 
 
 def _normed(norm, x, training=False):

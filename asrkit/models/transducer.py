@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 from asrkit.config import AdaptersConfig, EncoderConfig, ModelConfig, PredictorConfig
-from asrkit.models.conformer import ADAPTER_DIM, ENCODER_OPTIONS, ConformerEncoder
+from asrkit.models.conformer import ENCODER_OPTIONS, ConformerEncoder
 from asrkit.models.encoder import Encoder
 from asrkit.models.joint import Joint
 from asrkit.models.lstm_encoder import LSTMEncoder
@@ -40,7 +40,7 @@ def build_encoder(config: EncoderConfig, adapter_dim: int = 0) -> Encoder:
         d_model=config.d_model, num_blocks=config.num_blocks, num_heads=config.num_heads,
         kernel_size=config.kernel_size, dropout=config.dropout, conv_norm=config.conv_norm,
         subsampling_filters=config.subsampling_filters, final_norm=config.final_norm,
-        name="encoder", **options, **({ADAPTER_DIM: adapter_dim} if adapter_dim else {}),
+        adapter_dim=adapter_dim, name="encoder", **options,
     )  # fmt: skip
 
 

@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asrkit.audio import read_audio
 from asrkit.decoding.search import DecodeOptions, decode_batch
 from asrkit.experiment import load_experiment
-from asrkit.features import log_mel
 from asrkit.importers.nemo_model import UnsupportedNemoModel, import_nemo, plan_import
+from tests.importers.clips import clip_features
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests/data/nemo"
@@ -29,12 +28,7 @@ def imported(tmp_path_factory):
     exp = tmp_path_factory.mktemp("adapters") / "exp"
     summary = import_nemo(DATA / "adapters.nemo", exp)
     experiment = load_experiment(exp)
-    feats = [log_mel(read_audio(ROOT / clip, 16000), experiment.config.features).numpy()
-             for clip in META["clips"]]  # fmt: skip
-    lengths = np.array([len(f) for f in feats], np.int32)
-    batch = np.zeros((len(feats), lengths.max(), feats[0].shape[1]), np.float32)
-    for i, f in enumerate(feats):
-        batch[i, : len(f)] = f
+    batch, lengths = clip_features(META["clips"], experiment.config.features)
     return summary, experiment, batch, lengths
 
 

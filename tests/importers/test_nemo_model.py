@@ -22,10 +22,10 @@ import yaml
 from asrkit.audio import read_audio
 from asrkit.decoding.search import DecodeOptions, decode_batch
 from asrkit.experiment import load_experiment
-from asrkit.features import log_mel
 from asrkit.importers.nemo_model import UnsupportedNemoModel, import_nemo
 from asrkit.importers.nemo_weights import WeightMismatch
 from asrkit.losses import fused_rnnt_loss
+from tests.importers.clips import clip_features
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests/data/nemo"
@@ -44,14 +44,7 @@ def imported(tmp_path_factory):
         exp = tmp_path_factory.mktemp(name) / "exp"
         summary = import_nemo(DATA / f"{name}.nemo", exp)
         experiment = load_experiment(exp)
-        feats = [
-            log_mel(read_audio(ROOT / clip, 16000), experiment.config.features).numpy()
-            for clip in META["clips"]
-        ]
-        lengths = np.array([len(f) for f in feats], np.int32)
-        batch = np.zeros((len(feats), lengths.max(), feats[0].shape[1]), np.float32)
-        for i, f in enumerate(feats):
-            batch[i, : len(f)] = f
+        batch, lengths = clip_features(META["clips"], experiment.config.features)
         out[name] = (summary, experiment, batch, lengths)
     return out
 

@@ -20,6 +20,7 @@ from asrkit.experiment import load_experiment
 from asrkit.features import log_mel, nemo_settings
 from asrkit.importers.nemo_model import import_nemo
 from asrkit.nemo_mel import stream_log_mel
+from tests.importers.clips import clip_features
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests/data/nemo"
@@ -65,12 +66,7 @@ def test_the_whole_utterance_is_encoded_and_decoded_as_nemo_does(experiment, con
         want = ARRAYS[f"{_key(context)}/offline/{clip}"]
         assert int(lengths[0]) == len(want)
         np.testing.assert_allclose(out[0].numpy(), want, atol=1e-4, rtol=0)
-    feats = [log_mel(read_audio(ROOT / c, 16000), loaded.config.features).numpy()
-             for c in META["clips"]]  # fmt: skip
-    lengths = np.array([len(f) for f in feats], np.int32)
-    batch = np.zeros((len(feats), lengths.max(), feats[0].shape[1]), np.float32)
-    for i, f in enumerate(feats):
-        batch[i, : len(f)] = f
+    batch, lengths = clip_features(META["clips"], loaded.config.features)
     options = DecodeOptions(max_symbols_per_step=loaded.config.decode.max_symbols_per_step)
     hyps = decode_batch(loaded.network, batch, lengths, loaded.tokenizer, options)
     assert [[t - 1 for t in h.tokens] for h in hyps] == META[_key(context)]["offline"]
