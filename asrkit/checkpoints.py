@@ -20,6 +20,13 @@ Before the swap, `files.json` records the size and SHA-256 of every file the che
 holds; every reader checks them first (`verify_checkpoint`), so a truncated copy, a full
 disk's partial write or a flipped bit is reported by file name instead of failing inside
 TensorFlow, and `newest_intact` finds the checkpoint to use instead.
+
+A run that trains through adapters writes *base-backed* checkpoints: the weights it
+froze and took unchanged from its base checkpoint are left out, and `base.json` names the
+base (its path, relative and absolute, and the SHA-256 of its `files.json`, which covers
+every file of it) and the weights taken from it. Every reader fills them back in from the
+base, checked against that hash, so such a checkpoint is the adapters' megabytes and
+reads as the whole network.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from asrkit.errors import UserError
 CHECKPOINT_NAME = re.compile(r"^ckpt-(\d+)$")
 HEADS_PREFIX = "loss_heads."  # a training task's loss heads, saved beside the network
 FILES_RECORD = "files.json"  # {file name: {"bytes": n, "sha256": hex}} of the others
+BASE_RECORD = "base.json"  # a base-backed checkpoint's `BaseRef`
 _WEIGHT_KEY = re.compile(r"^weights/(.+)/\.ATTRIBUTES/VARIABLE_VALUE$")
 # Keras' own bookkeeping attributes of a layer: lists and trackers that hold the same
 # variables and sub-layers again. Walked last, so every variable is named by the
@@ -72,6 +80,66 @@ class TrainState:
     # `micro_batches` counts micro-batches of that order only.
     data_plan: dict | None = None
     schema: int = SCHEMA_VERSION  # asrkit.config's; another is refused by read_state
+
+
+@dataclass(frozen=True)
+class BaseRef:
+    """The base checkpoint a base-backed checkpoint takes its frozen weights from."""
+
+    path: str  # absolute, as it was when the run started
+    sha256: str  # of the base's files.json (which hashes each of its files)
+    names: tuple[str, ...]  # the weights taken from it
+
+    @classmethod
+    def of(cls, base: str | os.PathLike, names) -> BaseRef:
+        base = Path(base).resolve()
+        return cls(str(base), _sha256(base / FILES_RECORD), tuple(sorted(names)))
+
+    def write(self, directory: Path, final: Path) -> None:
+        """`base.json` into `directory`, which will be renamed to `final` (the relative
+        path is from there: a tree moved as a whole still finds its base)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        record = {**asdict(self), "names": list(self.names),
+                  "relative": os.path.relpath(self.path, final.resolve())}  # fmt: skip
+        (directory / BASE_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def checkpoint_base(path: str | os.PathLike) -> BaseRef | None:
+    """The base a checkpoint takes frozen weights from (None: it holds every weight)."""
+    file = Path(path) / BASE_RECORD
+    if not file.is_file():
+        return None
+    record = json.loads(file.read_text())
+    return BaseRef(record["path"], record["sha256"], tuple(record["names"]))
+
+
+def _base_weights(path: Path) -> dict[str, np.ndarray]:
+    """The weights a base-backed checkpoint takes from its base, found (next to it as it
+    was, else at its absolute path) and checked against the recorded hash."""
+    ref = checkpoint_base(path)
+    relative = json.loads((path / BASE_RECORD).read_text()).get("relative")
+    places = [(path / relative).resolve()] if relative else []
+    places.append(Path(ref.path))
+    found = next((p for p in places if (p / FILES_RECORD).is_file()), None)
+    what = (
+        f"{path} holds only what its run trained; the other {len(ref.names)} weights are "
+        f"its base's ({ref.path}, files.json SHA-256 {ref.sha256[:12]}…)"
+    )
+    if found is None:
+        raise CheckpointError(
+            f"{what}, which is gone. Put that checkpoint back where it was (or beside this "
+            "tree as it was), unchanged."
+        )
+    if _sha256(found / FILES_RECORD) != ref.sha256:
+        raise CheckpointError(
+            f"{what}; {found} is another checkpoint now (its files.json differs). Restore "
+            "the base it was trained from."
+        )
+    base = read_weights(found)
+    missing = [n for n in ref.names if n not in base]
+    if missing:
+        raise CheckpointError(f"{what}; the base lacks {missing[:3]} ({len(missing)})")
+    return {n: base[n] for n in ref.names}
 
 
 # ------------------------------------------------------------------------- variable names
@@ -201,11 +269,15 @@ class CheckpointManager:
     """Writes `ckpt-<updates>` checkpoints into a directory and keeps the newest `keep`,
     and besides them the `keep_best` with the lowest dev WER."""
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3, keep_best: int = 0):
+    def __init__(
+        self, directory: str | os.PathLike, keep: int = 3, keep_best: int = 0,
+        base: BaseRef | None = None,
+    ):  # fmt: skip
+        """`base`: write base-backed checkpoints (its weights left out)."""
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory = Path(directory)
-        self.keep, self.keep_best = keep, keep_best
+        self.keep, self.keep_best, self.base = keep, keep_best, base
         self.directory.mkdir(parents=True, exist_ok=True)
         _recover(self.directory)
 
@@ -222,7 +294,9 @@ class CheckpointManager:
         that. A failed write raises `CheckpointError` and leaves every earlier checkpoint
         as it was."""
         final = self.directory / f"ckpt-{state.updates:08d}"
-        _write_atomically(final, lambda tmp: _write(tmp, network, state, optimizer, heads))
+        _write_atomically(
+            final, lambda tmp: _write(tmp, network, state, optimizer, heads, self.base, final)
+        )
         found = self.checkpoints()
         best = set(_ranked_by_dev_wer(found)[: self.keep_best]) if self.keep_best else set()
         for old in found[: -self.keep]:
@@ -354,12 +428,17 @@ def named_parts(network, heads=None) -> dict[str, keras.Variable]:
     return named
 
 
-def _write(directory: Path, network, state: TrainState, optimizer, heads=None) -> None:
+def _write(
+    directory: Path, network, state: TrainState, optimizer, heads=None,
+    base: BaseRef | None = None, final: Path | None = None,
+) -> None:  # fmt: skip
     named = named_parts(network, heads)
     # The Keras variables themselves, not their `.value`: the optimizer tracks the same
     # objects, so each weight is written once (a `.value` is another object to TensorFlow,
     # which then writes every weight a second time under the optimizer).
-    weights = dict(named)
+    weights = _own(named, base)
+    if base is not None:
+        base.write(directory, final or directory)
     checkpoint = (
         tf.train.Checkpoint(weights=weights)
         if optimizer is None
@@ -371,6 +450,11 @@ def _write(directory: Path, network, state: TrainState, optimizer, heads=None) -
     (directory / "state.json").write_text(json.dumps(asdict(state)) + "\n")  # last: complete
 
 
+def _own(named: dict, base: BaseRef | None) -> dict:
+    """What a checkpoint holds itself: all but its base's weights."""
+    return dict(named) if base is None else {k: v for k, v in named.items() if k not in base.names}
+
+
 def _trainable_order(network, named: dict[str, keras.Variable], heads=None) -> list[str]:
     """Trainable variable names in the order the optimizer's slots follow (the task's:
     the network's, then its loss heads')."""
@@ -380,15 +464,19 @@ def _trainable_order(network, named: dict[str, keras.Variable], heads=None) -> l
 
 
 def write_weights(
-    directory: str | os.PathLike, values: dict[str, np.ndarray], state: TrainState
-) -> Path:
+    directory: str | os.PathLike, values: dict[str, np.ndarray], state: TrainState,
+    base: BaseRef | None = None,
+) -> Path:  # fmt: skip
     """A weights-only checkpoint (no optimizer) from named values that `restore(...,
-    with_optimizer=False)`, `asrkit decode --checkpoint` and `--init-from` read."""
+    with_optimizer=False)`, `asrkit decode --checkpoint` and `--init-from` read; base-backed
+    (`base`'s weights left out) if given."""
     final = Path(directory)
     final.parent.mkdir(parents=True, exist_ok=True)
 
     def write(tmp: Path) -> None:
-        weights = {k: tf.Variable(v, trainable=False) for k, v in values.items()}
+        if base is not None:
+            base.write(tmp, final)
+        weights = {k: tf.Variable(v, trainable=False) for k, v in _own(values, base).items()}
         tf.train.Checkpoint(weights=weights).write(str(tmp / "ckpt"))
         (tmp / "state.json").write_text(json.dumps(asdict(state)) + "\n")
 
@@ -406,6 +494,8 @@ def read_weights(path: str | os.PathLike, verified: bool = False) -> dict[str, n
         match = _WEIGHT_KEY.match(key)
         if match:
             out[_unescape(match.group(1))] = reader.get_tensor(key)
+    if (Path(path) / BASE_RECORD).is_file():
+        out.update(_base_weights(Path(path)))
     return out
 
 
@@ -465,10 +555,13 @@ def restore(
                 "cannot be matched. Start a new experiment with --init-from to keep the weights "
                 "with a fresh optimizer."
             )
-        status = tf.train.Checkpoint(weights=dict(named), optimizer=optimizer).read(
+        base = checkpoint_base(path)
+        status = tf.train.Checkpoint(weights=_own(named, base), optimizer=optimizer).read(
             str(path / "ckpt")
         )
         status.assert_existing_objects_matched()
+        for key in base.names if base else ():
+            named[key].assign(saved[key])
     else:
         for key, var in named.items():
             var.assign(saved[key])
@@ -550,7 +643,11 @@ def average_best(
 def _average_into(exp_dir, sources: list[Path], out, label: str, prepare) -> AveragedCheckpoint:
     exp_dir = Path(exp_dir)
     out = Path(out) if out else exp_dir / "averaged" / f"{label}-{sources[-1].name}"
-    write_weights(out, average_checkpoints(sources, prepare), read_state(sources[-1]))
+    # Checkpoints of one base average into one of that base (the base's weights are the
+    # same in each); a `prepare` (LoRA merged) makes every kernel the average's own.
+    bases = {checkpoint_base(p) for p in sources}
+    base = bases.pop() if len(bases) == 1 and prepare is None else None
+    write_weights(out, average_checkpoints(sources, prepare), read_state(sources[-1]), base)
     (out / "averaged.json").write_text(json.dumps([str(p) for p in sources], indent=1) + "\n")
     return AveragedCheckpoint(out, sources)
 

@@ -44,6 +44,11 @@ class Preset:
     # "grammar": the built-in grammar's sentences; "wordnet": open-vocabulary English
     # (`asrkit.data.open_text`: held-out names and words in dev and test)
     text: str = "grammar"
+    # An adaptation corpus for a model trained on preset `adapts` (same seed): every part
+    # spoken by that preset's held-out test voices; training and dev sentences from its
+    # unspoken text pool (lm.txt), its test sentences as they were. What fine-tuning to
+    # unheard voices is measured on.
+    adapts: str | None = None
 
 
 PRESETS = {
@@ -52,6 +57,10 @@ PRESETS = {
     "open-tiny": Preset(utterances=(12, 4, 4), speakers=(4, 2, 2), text="wordnet"),
     # about 5.5 hours of training audio over ~12 thousand words (built in ~2 minutes)
     "open": Preset(utterances=(9000, 300, 400), speakers=(270, 15, 15), text="wordnet"),
+    # about 0.9 hours of the open preset's test voices saying other sentences
+    "open-voices": Preset(
+        utterances=(1500, 150, 400), speakers=(30, 10, 15), text="wordnet", adapts="open"
+    ),
 }
 
 _SUBJECTS = "THE CAT|A DOG|MY FRIEND|HER BROTHER|THE OLD MAN|A YOUNG GIRL|THE TEACHER|OUR NEIGHBOUR|THE DOCTOR|HIS SISTER|THE FARMER|A CHILD"  # noqa: E501
@@ -217,6 +226,8 @@ def plan_corpus(
     # its own generator: a corpus without entities is the one this seed always made
     entity_rng = random.Random(seed + 7919)
     by_part = split_identities(voices, rng)
+    if preset.adapts:  # the adapted preset's test voices, in every part
+        by_part = {part: by_part[PARTS[2]] for part in PARTS}
     speakers, jobs, transcripts = [], [], {}
     next_id = 100
     for part, n_utts, n_speakers in zip(PARTS, preset.utterances, preset.speakers, strict=True):
@@ -337,11 +348,16 @@ def _open_texts(out_dir: Path, preset: Preset, seed: int) -> dict[str, list[str]
 
     sentences = wordnet_sentences()
     n_train, n_dev, n_test = preset.utterances
-    split = split_open_text(sentences, proper_nouns(sentences), seed, n_dev, n_test)
-    if len(split.train) < n_train:
-        raise ValueError(f"the text holds {len(split.train)} training sentences, not {n_train}")
-    spoken = list(split.train[:n_train])
-    texts = {PARTS[0]: spoken, PARTS[1]: list(split.dev), PARTS[2]: list(split.test)}
+    base = PRESETS[preset.adapts] if preset.adapts else preset
+    split = split_open_text(sentences, proper_nouns(sentences), seed, *base.utterances[1:])
+    # an adaptation corpus speaks what its base never did: sentences of the unspoken pool
+    skip = base.utterances[0] if preset.adapts else 0
+    dev = split.train[skip + n_train : skip + n_train + n_dev] if preset.adapts else split.dev
+    if len(split.train) < skip + n_train + (n_dev if preset.adapts else 0):
+        raise ValueError(f"the text holds {len(split.train)} training sentences, too few")
+    spoken = list(split.train[skip : skip + n_train])
+    texts = {PARTS[0]: spoken, PARTS[1]: list(dev), PARTS[2]: list(split.test[:n_test])}
+    unspoken = split.train[skip + n_train + (n_dev if preset.adapts else 0) :]
     out_dir.mkdir(parents=True, exist_ok=True)
     report = {
         "source": "WordNet 3.0 usage examples (Debian's wordnet-base)",
@@ -354,11 +370,13 @@ def _open_texts(out_dir: Path, preset: Preset, seed: int) -> dict[str, list[str]
         },
         "names": list(split.names),
         "held_out_words": len(split.held_out_words),
-        "lm_sentences": len(split.train) - n_train,
+        "lm_sentences": len(unspoken),
     }
+    if preset.adapts:
+        report["adapts"] = f"preset {preset.adapts}, seed {seed}: its test voices and sentences"
     (out_dir / "TEXT.json").write_text(json.dumps(report, indent=1) + "\n")
     (out_dir / "names.txt").write_text("".join(n + "\n" for n in split.names))
-    (out_dir / "lm.txt").write_text("".join(t + "\n" for t in split.train[n_train:]))
+    (out_dir / "lm.txt").write_text("".join(t + "\n" for t in unspoken))
     return texts
 
 

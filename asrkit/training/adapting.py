@@ -1,6 +1,7 @@
 """A network made ready for fine-tuning through adapters: built, LoRA or the linear
 adapters turned on, and what `train.trainable` names left to train in full (checked
-against the network's weights)."""
+against the network's weights); and which of its weights its checkpoints take from the
+base instead of holding them."""
 
 from __future__ import annotations
 
@@ -36,3 +37,15 @@ def apply_adapters(network, config: ExperimentConfig) -> list[str]:
         return []
     network.build_from_features(config.features.num_mel_bins)
     return add_adapters(network, adapters, named_weights(network, config.train.trainable))
+
+
+def from_base(network, loaded) -> list[str]:
+    """The weights an adapted run's checkpoints leave to its base: those loaded from it
+    (`loaded`, names) that are frozen floating-point parameters. BatchNorm's moving
+    statistics move without being trainable (`conv_norm: batch`), so they are kept."""
+    loaded = set(loaded)
+    return [
+        name for name, v in named_variables(network).items()
+        if name in loaded and not v.trainable and "float" in str(v.dtype)
+        and not name.endswith(("moving_mean", "moving_variance"))
+    ]  # fmt: skip

@@ -37,8 +37,11 @@ import tensorflow as tf
 
 from asrkit import __version__
 from asrkit.checkpoints import (
+    BaseRef,
     CheckpointManager,
+    LoadReport,
     TrainState,
+    checkpoint_base,
     checkpoint_damage,
     list_checkpoints,
     load_matching_weights,
@@ -86,7 +89,7 @@ from asrkit.features import normalizer_for
 from asrkit.models.transducer import Transducer
 from asrkit.outputs import writable_directory
 from asrkit.tokenizer import Tokenizer
-from asrkit.training.adapting import apply_adapters
+from asrkit.training.adapting import apply_adapters, from_base
 from asrkit.training.callbacks import StopRequest, TrainingProgress
 from asrkit.training.optimizers import build_optimizer
 from asrkit.training.probe import largest_micro_batch, probe_memory
@@ -251,14 +254,14 @@ def train(
         task = _build(run, data, strategy)
         if run.chief:
             _check_checkpoint_space(task, run)
-        state = _restore_or_init(task, run, init_from)
+        state, base = _restore_or_init(task, run, init_from)
         state = _check_data_plan(state, data, run.log, new_epoch_order)
         _record_config(run)  # only now: a refused resume leaves the experiment as it was
         _record_training_lengths(run, data)
         agree = _any_worker(strategy) if cluster is not None else None
         try:
             with _stop_on_signals(run.log, agree) as stop:
-                result = _run_epochs(task, run, data, state, stop)
+                result = _run_epochs(task, run, data, state, stop, base)
             if agree is not None:
                 # No worker leaves before every one is done (the chief's last checkpoint
                 # included): one that left early would look lost to the others.
@@ -348,7 +351,11 @@ def _check_checkpoint_space(task: TransducerTask, run: _Run) -> None:
     )
 
 
-def _restore_or_init(task: TransducerTask, run: _Run, init_from: str | None) -> TrainState:
+def _restore_or_init(
+    task: TransducerTask, run: _Run, init_from: str | None
+) -> tuple[TrainState, BaseRef | None]:
+    """The state to start from, and the base an adapted run's checkpoints take their
+    frozen weights from (kept from the checkpoint resumed; None: they hold every weight)."""
     found = list_checkpoints(run.exp_dir / "checkpoints")  # the chief's, on every worker
     while found:
         latest = found.pop()
@@ -367,10 +374,14 @@ def _restore_or_init(task: TransducerTask, run: _Run, init_from: str | None) -> 
         # Its files were just hashed: restore does not hash them a second time.
         state = restore(task.network, latest, task.optimizer, heads=task.heads, verified=True)
         run.log(f"resumed from {latest.name}: epoch {state.epoch}, {state.updates} updates")
-        return state
+        return state, checkpoint_base(latest)
+    base = None
     if init_from:
-        _init_from(task.network, init_from, run.log)
-    return TrainState(epoch=0, micro_batches=0, updates=0)
+        path, report = _init_from(task.network, init_from, run.log)
+        if run.config.model.adapters.kind != "none":
+            base = BaseRef.of(path, from_base(task.network, report.loaded))
+            run.log(f"checkpoints hold the adapters; {len(base.names)} frozen weights are {path}'s")
+    return TrainState(epoch=0, micro_batches=0, updates=0), base
 
 
 class DataPlanChanged(UserError, ValueError):
@@ -392,11 +403,14 @@ def _check_data_plan(state: TrainState, data: _TrainingData, log, new_order: boo
     return dataclasses.replace(state, micro_batches=0, data_plan=current)
 
 
-def _run_epochs(task, run: _Run, data: _TrainingData, state: TrainState, stop) -> TrainResult:
+def _run_epochs(
+    task, run: _Run, data: _TrainingData, state: TrainState, stop, base: BaseRef | None
+) -> TrainResult:
     config = run.config
     manager = CheckpointManager(
-        run.save_dir / "checkpoints", config.train.keep_checkpoints, config.train.keep_best
-    )
+        run.save_dir / "checkpoints", config.train.keep_checkpoints, config.train.keep_best,
+        base,
+    )  # fmt: skip
     if run.chief:
         writer = tf.summary.create_file_writer(str(run.exp_dir / "tensorboard"))
     else:
@@ -591,7 +605,7 @@ def _silent(*_args) -> None:
     pass
 
 
-def _init_from(network: Transducer, path: str, log) -> None:
+def _init_from(network: Transducer, path: str, log) -> tuple[Path, LoadReport]:
     """Fine-tuning: weights from a checkpoint dir or an experiment dir (its latest); fresh
     optimizer; variables whose shape changed (a new tokenizer) keep their initialisation."""
     path = Path(path)
@@ -610,6 +624,7 @@ def _init_from(network: Transducer, path: str, log) -> None:
         log(f"  not in the checkpoint, left fresh: {name}")
     for name in report.unused:
         log(f"  in the checkpoint, not in this model: {name}")
+    return path, report
 
 
 def freeze_encoder(network: Transducer, blocks: int) -> None:

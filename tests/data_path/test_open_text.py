@@ -109,3 +109,39 @@ def test_the_open_tiny_corpus_speaks_its_split_and_reports_it(tmp_path):
     assert lm and not lm & {t for texts in parts.values() for t in texts}
     names = (tmp_path / "names.txt").read_text().split()
     assert set(names) <= {w for t in parts["dev-clean"] + parts["test-clean"] for w in t.split()}
+
+
+def _spoken(root: Path) -> dict[str, list[str]]:
+    return {part: sorted(line.split(" ", 1)[1] for f in (root / part).rglob("*.trans.txt")
+                         for line in f.read_text().splitlines())
+            for part in ("train-clean-100", "dev-clean", "test-clean")}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/usr/share/wordnet/data.noun").is_file(),
+                    reason="Debian's wordnet-base is not installed")  # fmt: skip
+def test_an_adaptation_corpus_speaks_new_sentences_in_its_bases_test_voices(tmp_path, monkeypatch):
+    """A preset that adapts another (open-voices adapts open; here a tiny one adapting
+    open-tiny, same seed): every part is spoken by the base's test voices only, its test
+    sentences are the base's, and what it trains and tunes on is said nowhere in the base
+    corpus."""
+    from asrkit.data import synthetic
+    from asrkit.data.synthetic import PRESETS, Preset, make_synthetic_corpus, split_identities
+    from asrkit.data.tts import available_voices
+
+    monkeypatch.setitem(PRESETS, "open-tiny-voices", Preset(
+        utterances=(6, 3, 4), speakers=(2, 2, 2), text="wordnet", adapts="open-tiny"))  # fmt: skip
+    assert synthetic.PRESETS["open-voices"].adapts == "open"
+    made = make_synthetic_corpus(tmp_path / "base", "open-tiny", seed=3, show_progress=False)
+    adapting = make_synthetic_corpus(tmp_path / "adapt", "open-tiny-voices", seed=3,
+                                     show_progress=False)  # fmt: skip
+    base, adapt = _spoken(tmp_path / "base"), _spoken(tmp_path / "adapt")
+    held_out = split_identities(available_voices("en"), random.Random(3))["test-clean"]
+    for part in ("train-clean-100", "dev-clean", "test-clean"):
+        assert set(adapting.voices[part]) <= {v.identity for v in held_out}, part
+        assert not set(adapting.voices[part]) & set(made.voices["train-clean-100"]), part
+    assert adapt["test-clean"] == base["test-clean"]
+    said = {t for texts in base.values() for t in texts}
+    new = set(adapt["train-clean-100"] + adapt["dev-clean"])
+    assert len(new) == 9 and not new & said
+    assert not set((tmp_path / "adapt/lm.txt").read_text().splitlines()) & (said | new)

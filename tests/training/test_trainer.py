@@ -1104,6 +1104,81 @@ def test_a_lora_run_keeps_its_base_and_decodes_merged(workdir):
          @ first[qkv + "lora_kernel_b"]) / 2, rtol=1e-5, atol=1e-6)  # fmt: skip
 
 
+def test_an_adapted_runs_checkpoints_hold_the_adapters_and_name_their_base(workdir, tmp_path):
+    """Linear adapters trained from a base experiment: each checkpoint holds what the run
+    trains (plus moving state) and `base.json`, never a frozen weight; every reader gets the
+    whole network back, the frozen weights exactly the base's; a run resumed mid-way ends as
+    the uninterrupted one; averaging keeps the base; a moved tree still finds its base, and
+    a base gone or changed is named."""
+    from asrkit.checkpoints import (
+        CheckpointError,
+        average_last,
+        checkpoint_base,
+        list_checkpoints,
+        read_weights,
+    )  # fmt: skip
+
+    one_epoch = ["train.epochs=1", "train.checkpoint_every=0"]
+    adapted = ["train.epochs=2", "model.adapters.kind=linear", "model.adapters.dim=4",
+               "train.learning_rate=0.05"]  # fmt: skip
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        train(load_config("conformer.yaml", one_epoch), "ad_base", log=lambda *_: None)
+        train(load_config("conformer.yaml", adapted), "ad_run", init_from="ad_base",
+              log=lambda *_: None)  # fmt: skip
+        found = list_checkpoints(workdir / "ad_run/checkpoints")
+        shutil.copytree(workdir / "ad_run", workdir / "ad_resumed")
+        for later in found[len(found) // 2 + 1 :]:
+            shutil.rmtree(workdir / "ad_resumed/checkpoints" / later.name)
+        lines = []
+        train(load_config("conformer.yaml", adapted), "ad_resumed", init_from="ad_base",
+              log=lines.append)  # fmt: skip
+    finally:
+        os.chdir(cwd)
+    assert any(line.startswith("resumed from") for line in lines)
+    base_dir = list_checkpoints(workdir / "ad_base/checkpoints")[-1]
+    base = read_weights(base_dir)
+    ref = checkpoint_base(found[-1])
+    assert ref is not None and ref.path == str(base_dir.resolve())
+    own = {k.split("/.ATTRIBUTES")[0].removeprefix("weights/").replace("..", ".")
+           for k in _weights(found[-1]) if k.startswith("weights/")}  # fmt: skip
+    adapter = {k for k in read_weights(found[-1]) if ".adapter." in k}
+    assert adapter and adapter <= own
+    frozen = {k for k, v in base.items()
+              if np.issubdtype(v.dtype, np.floating) and "moving" not in k}  # fmt: skip
+    assert set(ref.names) == frozen and not own & frozen  # no frozen weight is held twice
+    whole = read_weights(found[-1])
+    for name in frozen:
+        np.testing.assert_array_equal(whole[name], base[name], err_msg=name)
+    assert any(np.abs(whole[k]).max() > 0 for k in adapter if k.endswith("up.kernel"))
+    _assert_same_final_weights(workdir / "ad_run", workdir / "ad_resumed")
+
+    averaged = average_last(workdir / "ad_run", 2)
+    assert checkpoint_base(averaged.path) == ref
+    mean = read_weights(averaged.path)
+    last, before = whole, read_weights(found[-2])
+    for name in adapter:
+        np.testing.assert_allclose(mean[name], (last[name] + before[name]) / 2, rtol=1e-6)
+
+    moved = tmp_path / "moved"  # the base and the run moved together: found beside
+    shutil.copytree(workdir / "ad_base", moved / "ad_base")
+    shutil.copytree(workdir / "ad_run", moved / "ad_run")
+    shutil.move(workdir / "ad_base", workdir / "ad_base.away")
+    try:
+        ckpt = moved / "ad_run/checkpoints" / found[-1].name
+        np.testing.assert_array_equal(read_weights(ckpt)[sorted(frozen)[0]],
+                                      base[sorted(frozen)[0]])  # fmt: skip
+        with pytest.raises(CheckpointError, match=r"its base's .*ad_base.*which is gone"):
+            read_weights(found[-1])
+        other = moved / "ad_base/checkpoints" / base_dir.name
+        (other / "files.json").write_text((other / "files.json").read_text() + " ")
+        with pytest.raises(CheckpointError, match=r"is another checkpoint now"):
+            read_weights(ckpt)
+    finally:
+        shutil.move(workdir / "ad_base.away", workdir / "ad_base")
+
+
 def test_verify_accumulation_passes_with_lora_and_weights_trained_in_full(workdir):
     """A new vocabulary's rows (the joint's output layer, the predictor's embedding) train
     in full beside the factors: still the union's update."""
