@@ -29,6 +29,10 @@ Adapters (`adapters.nemo`, `adapters.npz` / `.json`): `rnnt.nemo` with a NeMo
 LinearAdapter on its encoder (randomised) and a disabled second one; NeMo's encoder frames
 and greedy tokens with the adapter enabled. Written from the archive (`--parts adapters`).
 
+BatchNorm in train mode (`batch_norm.npz`): NeMo's default fine-tuning step on the
+`step_conformer_rnnt.nemo` batch with every BatchNorm from the batch's statistics: the
+gradients and the running statistics after it (`--parts batch_norm`, from the steps).
+
 Beam searches (`beams.json`): NeMo's batched beam searches on the committed `rnnt.nemo`
 and `tdt.nemo` (malsd_batch, beam 4, unnormalised scores): each clip's best tokens, frames
 and score. Written from the archives alone (`--parts beams`), so the other fixtures stay.
@@ -879,9 +883,54 @@ def adapters(out: Path) -> None:
     }, indent=1) + "\n")  # fmt: skip
 
 
+def batch_norm(out: Path) -> None:
+    """NeMo's default fine-tuning step, BatchNorm in train mode (`batch_norm.npz`): the
+    committed `step_conformer_rnnt.nemo` on the steps' batch and targets, dropout and
+    SpecAugment off, every BatchNorm from the batch's statistics; the loss, each
+    parameter's gradient, and the BatchNorm running statistics after that step."""
+    import types
+
+    import numpy as np
+    import torch
+    from nemo.collections.asr.models import EncDecRNNTBPEModel
+
+    name = "conformer_rnnt"
+    steps_npz = np.load(out / "steps.npz")
+    targets = steps_npz[f"{name}/targets"]
+    target_lengths = steps_npz[f"{name}/target_lengths"]
+    lengths, batch = _clip_batch()
+    lengths = np.minimum(lengths, STEP_SAMPLES)
+    batch = np.ascontiguousarray(batch[:, : lengths.max()])
+    model = EncDecRNNTBPEModel.restore_from(str(out / f"step_{name}.nemo"), map_location="cpu")
+    model.spec_augmentation = None
+    model.train()
+    norms = {}
+    for module_name, module in model.named_modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.eval()
+        if isinstance(module, torch.nn.BatchNorm1d):
+            norms[module_name] = module
+    assert norms and all(m.training for m in norms.values())
+    model._optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # training_step logs its lr
+    model._trainer = types.SimpleNamespace(global_step=0, log_every_n_steps=10**9)
+    model.log_dict = model.log = lambda *args, **kwargs: None
+    loss, grads = _nemo_step(
+        model, torch.from_numpy(batch), torch.from_numpy(lengths),
+        torch.from_numpy(targets), torch.from_numpy(target_lengths),
+    )  # fmt: skip
+    arrays = {f"grad/{n}": g.numpy() for n, g in grads.items()}
+    for module_name, module in norms.items():
+        arrays[f"running_mean/{module_name}"] = module.running_mean.numpy()
+        arrays[f"running_var/{module_name}"] = module.running_var.numpy()
+        arrays[f"momentum/{module_name}"] = np.array(module.momentum)
+    arrays["loss"] = np.array(loss)
+    np.savez_compressed(out / "batch_norm.npz", **arrays)
+
+
 PARTS = {"features": features, "attention": attention, "encoders": encoders, "models": models,
          "beams": beams, "tdt_losses": tdt_losses, "steps": steps,
-         "streaming": streaming, "adapters": adapters}  # fmt: skip
+         "streaming": streaming, "adapters": adapters,
+         "batch_norm": batch_norm}  # fmt: skip
 
 
 def main() -> None:

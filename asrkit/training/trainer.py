@@ -220,6 +220,14 @@ def config_cautions(config: ExperimentConfig) -> list[str]:
             "encoder frames no sum of those durations makes has an infinite TDT loss, and its "
             "whole window is skipped; include 1 (NeMo uses [0, 1, 2, 3, 4])"
         )
+    encoder = config.model.encoder
+    if getattr(encoder, "conv_norm", None) == "batch":
+        cautions.append(
+            "model.encoder.conv_norm=batch normalises with each micro-batch's (and replica's) "
+            "own statistics, as NeMo fine-tunes: an update from several micro-batches is then "
+            "not the update from their union (only one micro-batch on one replica is); "
+            "frozen_batch keeps accumulation exact"
+        )
     return cautions
 
 

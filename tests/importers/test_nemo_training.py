@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from asrkit.checkpoints import named_variables
 from asrkit.decoding.search import DecodeOptions, decode_batch
 from asrkit.experiment import build_network, load_experiment
 from asrkit.importers.nemo_archive import read_nemo
@@ -85,12 +86,17 @@ def _nemo_owners(experiment, name):
     return keys, [v.numpy() for v in network.trainable_variables]
 
 
-def _close_per_nemo_tensor(got, want, keys, owners):
+def _close_per_nemo_tensor(got, want, keys, owners, batch_statistics=False):
     """Each NeMo tensor's gradient (its elements wherever asrkit keeps them: q, k and v in
     one kernel) within 1e-4 of its own norm; every trainable element comes from NeMo. The
     key projection's bias has no gradient in exact arithmetic (a constant added to every
     key leaves each query's softmax as it was): on both sides it must be float noise,
-    below 1e-4 of the same layer's query-bias gradient."""
+    below 1e-4 of the same layer's query-bias gradient. So has, under a BatchNorm from the
+    batch's statistics (`batch_statistics`), the bias of the convolution before it (the
+    batch's mean takes it away again): noise below 1e-2 of its kernel's gradient."""
+    noise = {"self_attn.linear_k.bias": ("linear_k", "linear_q", 1e-4)}
+    if batch_statistics:
+        noise["conv.depthwise_conv.bias"] = ("bias", "weight", 1e-2)
     assert all((o > 0).all() for o in owners)
 
     def pair(key):
@@ -102,9 +108,11 @@ def _close_per_nemo_tensor(got, want, keys, owners):
         g, w = pair(key)
         if not w.size:
             continue  # a buffer or frozen tensor: not trained
-        if key.endswith("self_attn.linear_k.bias"):
-            query = np.linalg.norm(pair(key.replace("linear_k", "linear_q"))[1])
-            assert max(np.linalg.norm(g), np.linalg.norm(w)) <= 1e-4 * query, key
+        suffix = next((n for n in noise if key.endswith(n)), None)
+        if suffix:
+            this, other, bound = noise[suffix]
+            scale = np.linalg.norm(pair(key[: -len(suffix)] + suffix.replace(this, other))[1])
+            assert max(np.linalg.norm(g), np.linalg.norm(w)) <= bound * scale, key
             continue
         assert np.linalg.norm(g - w) <= 1e-4 * np.linalg.norm(w) + 1e-9, (key, g.size)
 
@@ -400,3 +408,53 @@ def test_transcribe_takes_a_nemo_manifest_with_segments(imported, tmp_path, caps
     assert [line.split("\t")[0] for line in printed] == [f"{clip.stem}-1.00", "whole"]
     assert main(["transcribe", "--exp-dir", str(summary.exp_dir), "--manifest",
                  str(tmp_path / "m.json"), str(clip)]) == 2  # fmt: skip
+
+
+def test_batch_norm_from_the_batch_is_nemos_default_fine_tuning_step(imported):
+    """`model.encoder.conv_norm: batch` (NeMo's default fine-tuning: BatchNorm in train mode)
+    on the imported model, dropout off: its gradient is NeMo's training_step gradient with
+    every BatchNorm from the batch's statistics (`batch_norm.npz`), which is not the frozen
+    one's; the running statistics move as torch's (Keras' momentum = 1 - torch's; torch
+    stores the unbiased variance, n / (n - 1) of the batch's, n the frames counted)."""
+    name = "conformer_rnnt"
+    _, experiment = imported[name]
+    reference = np.load(DATA / "batch_norm.npz")
+    momentum = float(reference["momentum/encoder.layers.0.conv.batch_norm"])
+    config = experiment.config
+    encoder = dataclasses.replace(
+        config.model.encoder, conv_norm="batch", batch_norm_momentum=1.0 - momentum,
+        dropout=0.0, attention_dropout=0.0, pre_encoder_dropout=0.0,
+    )  # fmt: skip
+    model = dataclasses.replace(
+        config.model, encoder=encoder,
+        predictor=dataclasses.replace(config.model.predictor, dropout=0.0),
+    )  # fmt: skip
+    network = build_network(dataclasses.replace(config, model=model), experiment.network.vocab_size)
+    weights = named_variables(experiment.network)
+    for key, variable in named_variables(network).items():
+        variable.assign(weights[key])
+    norm = network.encoder.blocks[0].conv.norm
+    frozen_mean = norm.moving_mean.numpy().copy()
+    task = TransducerTask(network, config.loss)
+    # Every frame NeMo's batch has: its features run a frame past the longest clip, and a
+    # BatchNorm from the batch counts that padding too.
+    _, lengths, labels, label_lengths = _batch(name)
+    batch = (STEPS["features"].transpose(0, 2, 1), lengths, labels, label_lengths)
+    with tf.GradientTape() as tape:
+        total, count = task.compute_loss_terms(batch, training=True)
+        loss = total / tf.cast(count, tf.float32)
+    grads = [tf.convert_to_tensor(g).numpy()
+             for g in tape.gradient(loss, network.trainable_variables)]  # fmt: skip
+    assert float(loss) == pytest.approx(float(reference["loss"]), rel=1e-5)
+    assert float(loss) != pytest.approx(META[name]["loss"], rel=1e-3)  # frozen statistics' loss
+    state = dict(read_nemo(DATA / f"step_{name}.nemo").weights)
+    state = {k: v for k, v in state.items() if not k.startswith("preprocessor.")}
+    state.update({k[len("grad/") :]: reference[k] for k in reference.files
+                  if k.startswith("grad/")})  # fmt: skip
+    want_network = build_network(config, experiment.network.vocab_size)
+    assign_nemo_transducer(want_network, state)
+    want = [v.numpy() for v in want_network.trainable_variables]
+    _close_per_nemo_tensor(grads, want, *_nemo_owners(experiment, name), batch_statistics=True)
+    nemo_mean = reference["running_mean/encoder.layers.0.conv.batch_norm"]
+    assert not np.allclose(nemo_mean, frozen_mean)
+    np.testing.assert_allclose(norm.moving_mean.numpy(), nemo_mean, rtol=1e-5, atol=1e-6)

@@ -553,6 +553,9 @@ def test_verify_accumulation_catches_batch_norm(workdir):
     # BatchNorm normalises each micro-batch with its own statistics: not the union's update.
     assert _verify(workdir, config="conformer.yaml").passed
     assert not _verify(workdir, "model.encoder.conv_norm=batch", config="conformer.yaml").passed
+    batch = load_config(workdir / "conformer.yaml", ["model.encoder.conv_norm=batch"])
+    assert any("not the update from their union" in c for c in config_cautions(batch))
+    assert not config_cautions(load_config(workdir / "conformer.yaml"))
 
 
 @pytest.mark.slow
