@@ -305,7 +305,7 @@ def export_model(
         "frame_offset": clock.offset,
         "emission_delay": clock.delay,
         "vocab_size": tokenizer.vocab_size,
-        "experiment": str(Path(exp_dir).resolve()),
+        **_provenance(exp_dir, experiment, options),
         # the longest utterance trained on: what `asrkit transcribe --model` keeps its
         # windows of long recordings within (null: not recorded)
         "training_max_seconds": trained.max_seconds if trained else None,
@@ -429,10 +429,38 @@ def export_streaming(
         "frame_offset": clock.offset,
         "emission_delay": clock.delay,
         "vocab_size": tokenizer.vocab_size,
-        "experiment": str(Path(exp_dir).resolve()),
+        **_provenance(exp_dir, experiment, None),
     }
     (out / "asrkit_export.json").write_text(json.dumps(info, indent=2) + "\n")
     return out
+
+
+def _provenance(exp_dir, experiment, options: DecodeOptions | None) -> dict:
+    """What decides an export's output besides its weights, for asrkit_export.json: the
+    experiment and weights it came from, the encoder's chunk (null: full context), the
+    search (None: the streaming decoder's greedy one) and the fusion weights `asrkit
+    transcribe --model` uses with --boost/--lm/--lodr, as the experiment's decode settings
+    give them."""
+    config = experiment.config
+    decode = config.decode
+    chunk = getattr(experiment.network.encoder, "chunk_frames", None)
+    search = (
+        {"method": "greedy", "beam": 1, "max_symbols_per_step": decode.max_symbols_per_step}
+        if options is None
+        else {"method": options.method, "beam": options.beam if options.method == "beam" else 1,
+              "max_symbols_per_step": options.max_symbols_per_step}
+    )  # fmt: skip
+    return {
+        "experiment": str(Path(exp_dir).resolve()),
+        "weights": experiment.weights,
+        "chunk_frames": int(chunk) if chunk else None,
+        "search": search,
+        "fusion_weights": {
+            key: getattr(decode, key) for key in ("boost_weight", "lm_weight", "lodr_weight")
+        },
+        # NeMo's token LMs name pieces by id (`asrkit lm` reads them so for imported models)
+        "nemo_ids": config.features.kind == "nemo",
+    }
 
 
 def convert_to_litert(saved_model: str | Path, out: str | Path) -> Path:

@@ -740,3 +740,64 @@ def test_the_export_boosts_the_phrases_it_is_given_as_decoding_does(experiment, 
                  *paths]) == 0  # fmt: skip
     assert [(listed / f"{Path(p).stem}.txt").read_text().split("\t")[-1].strip()
             for p in paths] == want  # fmt: skip
+
+
+def test_transcribe_with_an_export_uses_what_it_records_and_refuses_what_it_cannot(
+    experiment, tmp_path, capsys
+):
+    """An export records the search, weights, chunk and fusion weights it came with;
+    `transcribe --model EXPORT --lm` fuses at the experiment's decode.lm_weight (as
+    `--exp-dir` does), and an option the export cannot honour (another method or beam,
+    other weights or chunks, a streaming export) is refused in one line naming it."""
+    import dataclasses
+    import shutil
+
+    from asrkit.config import DecodeConfig
+    from asrkit.decoding.search import DecodeOptions
+    from asrkit.experiment import load_experiment_config
+    from asrkit.ngram import estimate, write_arpa
+
+    _, source, utts = experiment
+    exp = tmp_path / "exp"
+    shutil.copytree(source, exp)
+    config = load_experiment_config(exp)
+    decode = DecodeConfig(max_symbols_per_step=config.decode.max_symbols_per_step,
+                          boost_weight=2.5, lm_weight=0.5, lodr_weight=0.3)  # fmt: skip
+    (exp / "config.yaml").write_text(dump_config(dataclasses.replace(config, decode=decode)))
+    out = export_model(exp, tmp_path / "saved", options=DecodeOptions("beam", beam=3))
+    info = json.loads((out / "asrkit_export.json").read_text())
+    assert info["fusion_weights"] == {"boost_weight": 2.5, "lm_weight": 0.5, "lodr_weight": 0.3}
+    assert info["search"]["method"] == "beam" and info["search"]["beam"] == 3
+    assert info["weights"] and info["chunk_frames"] is None and info["nemo_ids"] is False
+
+    loaded = load_experiment(exp)
+    tokenizer, vocab = loaded.tokenizer, loaded.network.vocab_size
+    pieces = [tokenizer.piece(i) for i in range(vocab)]
+    lm = estimate([[pieces[i] for i in tokenizer.encode("the tarot nest stone")]], 2, pieces[1:])
+    arpa = write_arpa(lm, tmp_path / "lm.arpa")
+    paths = [u.audio_path for u in utts]
+    texts = {}
+    for name, source_args in (("model", ["--model", str(out)]),
+                              ("exp", ["--exp-dir", str(exp), "--method", "beam", "--beam", "3"]),
+                              ("default", ["--exp-dir", str(exp), "--method", "beam", "--beam",
+                                           "3", "--lm-weight", "0.2"]),
+                              ):  # fmt: skip
+        assert main(["transcribe", *source_args, "--lm", str(arpa), *paths]) == 0
+        texts[name] = capsys.readouterr().out
+    assert texts["model"] == texts["exp"] != texts["default"]
+
+    streaming = tmp_path / "streaming"
+    streaming.mkdir()
+    (streaming / "asrkit_export.json").write_text(json.dumps({"streaming": True}))
+    for model, wrong, says in [
+        (out, ["--method", "greedy"], "runs beam search, beam 3"),
+        (out, ["--beam", "8"], "runs beam search, beam 3"),
+        (out, ["--average", "2"], "--average: "),
+        (out, ["--checkpoint", str(exp / "checkpoints")], "--checkpoint: "),
+        (streaming, [], "is a streaming export"),
+    ]:
+        assert main(["transcribe", "--model", str(model), *wrong, paths[0]]) == 2, wrong
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1, (wrong, err)
+    assert main(["transcribe", "--model", str(out), "--method", "beam", "--beam", "3",
+                 paths[0]]) == 0  # fmt: skip

@@ -68,7 +68,8 @@ def register(subparsers) -> None:
                             help="--streaming: audio per step (0.32)")  # fmt: skip
     transcribe.add_argument("--realtime", action="store_true",
                             help="--streaming: feed a file no faster than it plays")  # fmt: skip
-    transcribe.set_defaults(func=run)
+    # None: not given (an export has its own; an experiment takes greedy, beam 4, the latest)
+    transcribe.set_defaults(func=run, method=None, beam=None, average=None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.nbest < 0:
         raise InputError(f"--nbest must be >= 0, got {args.nbest}")
+    if args.model:
+        _check_export_options(args)
+    else:
+        args.method = args.method or "greedy"
+        args.beam = 4 if args.beam is None else args.beam
+        args.average = 1 if args.average is None else args.average
     check_search_arguments(args)
     if args.model and args.nbest > 1:
         _check_export_finds(args.model, args.nbest)
@@ -217,6 +224,47 @@ def _experiment_recogniser(args):
     return NetworkRecogniser.of(experiment, options, boost)
 
 
+def _check_export_options(args) -> None:
+    """`--model`: what the export holds decides the search, weights and chunks; an option
+    asking for another is refused in one line naming what it holds. Fills args' search
+    options from the export (beam 4 if an older export does not say)."""
+    info = _export_info(args.model)
+    if info.get("streaming"):
+        raise InputError(
+            f"--model {args.model} is a streaming export (asrkit export --streaming): serve it "
+            "through its stream_step signature, or transcribe with a whole-utterance export "
+            "(asrkit export without --streaming) or --exp-dir (with --streaming to stream)"
+        )
+    search = info.get("search") or {}
+    method, beam = search.get("method"), search.get("beam")
+    held = (
+        f"{method} search" + (f", beam {beam}" if method == "beam" else "")
+        if method else str(info.get("decoding", "its built-in search")).split(",")[0]
+    )  # fmt: skip
+    if args.method is not None and method is not None and args.method != method:
+        raise InputError(
+            f"--method {args.method}: {args.model} runs {held}; export it again with "
+            f"--method {args.method} (or use --exp-dir)"
+        )
+    if args.beam is not None and beam is not None and args.beam != beam:
+        raise InputError(
+            f"--beam {args.beam}: {args.model} runs {held}; export it again with --method beam "
+            f"--beam {args.beam} (or use --exp-dir)"
+        )
+    weights = info.get("weights", "the weights it was exported with")
+    for option, given in (("--checkpoint", args.checkpoint), ("--average", args.average),
+                          ("--chunk-frames/--lookahead-frames", args.chunk_frames)):  # fmt: skip
+        if given is not None:
+            raise InputError(
+                f"{option}: {args.model} holds {weights} of {info.get('experiment', '?')} "
+                f"(chunk frames: {info.get('chunk_frames')}); export it again with {option}, "
+                "or use --exp-dir"
+            )
+    args.method = method or args.method or "greedy"
+    args.beam = beam if beam is not None else (args.beam or 4)
+    args.average = 1
+
+
 def _check_export_finds(model: str, nbest: int) -> None:
     """An export's built-in search must find `nbest` hypotheses."""
     info = _export_info(model)
@@ -244,5 +292,9 @@ def _model_recogniser(args):
                 "again with this version"
             )
         tokenizer = Tokenizer.load(Path(args.model) / "tokenizer")
-        boost = fusion_for(args, tokenizer, tokenizer.vocab_size, DecodeConfig())
+        info = _export_info(args.model)
+        # the experiment's decode weights as the export records them (defaults if older)
+        decode = DecodeConfig(**info.get("fusion_weights", {}))
+        boost = fusion_for(args, tokenizer, tokenizer.vocab_size, decode,
+                           nemo_ids=bool(info.get("nemo_ids")))  # fmt: skip
     return SavedModelRecogniser(args.model, boost)

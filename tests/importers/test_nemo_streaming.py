@@ -193,6 +193,9 @@ def test_the_streaming_export_and_its_litert_model_stream_as_nemo_does(experimen
     args = ["export", "--exp-dir", str(experiment), "--out", str(out), "--streaming",
             "--litert", "--lookahead-frames", str(context[1])]  # fmt: skip
     assert main(args) == 0
+    # what decides its output is recorded: the look-ahead's chunk (look-ahead + 1 frames)
+    info = json.loads((out / "asrkit_export.json").read_text())
+    assert info["chunk_frames"] == context[1] + 1 and info["search"]["method"] == "greedy"
     paths = [ROOT / clip for clip in META["clips"]]
     want = META[_key(context)]["streaming"]
     loaded = tf.saved_model.load(str(out))
