@@ -251,9 +251,10 @@ def _asrkit_step(exp: Path, request: dict) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from asrkit.config import load_config
+    from asrkit.config import AdaptersConfig, load_config
     from asrkit.data.pipeline import without_autotuning
     from asrkit.experiment import build_network
+    from asrkit.training.adapting import apply_adapters
     from asrkit.training.memory_meter import allocator_peak
     from asrkit.training.optimizers import build_optimizer
     from asrkit.training.task import TransducerTask
@@ -275,8 +276,13 @@ def _asrkit_step(exp: Path, request: dict) -> dict:
         rng.integers(1, vocab, (batch_size, labels)).astype(np.int32),
         np.full(batch_size, labels, np.int32),
     )
+    if request.get("adapters"):
+        model = replace(model, adapters=AdaptersConfig(kind="linear", dim=request["adapters"]))
+    config = replace(config, model=model)
     loss = config.loss if request.get("loss_fused", True) else replace(config.loss, fused=False)
-    task = TransducerTask(build_network(replace(config, model=model), vocab), loss)
+    network = build_network(config, vocab)
+    apply_adapters(network, config)  # the adapters train, all else frozen (none: a no-op)
+    task = TransducerTask(network, loss)
     # asrkit's AdamW (torch's update, one fused kernel per weight) at torch's defaults
     task.compile(build_optimizer("adamw", 1e-5, 0.01), accumulation_steps=1)
     task.build_engine(batch)
@@ -338,7 +344,10 @@ def _nemo(request: dict) -> dict:
     from nemo.utils import logging as nemo_logging
 
     nemo_logging.setLevel(logging.ERROR)
-    model = EncDecRNNTBPEModel.restore_from(request["nemo_model"], map_location="cpu")
+    if request.get("adapters"):
+        model = _nemo_with_adapters(request["nemo_model"], request["adapters"])
+    else:
+        model = EncDecRNNTBPEModel.restore_from(request["nemo_model"], map_location="cpu")
     if request["task"] == "step":
         return _nemo_step(model, request)
     utterances = _utterances(request["manifest"], request["utterances"])
@@ -472,6 +481,27 @@ def _nemo(request: dict) -> dict:
     return out
 
 
+def _nemo_with_adapters(path: str, dim: int):
+    """The model with NeMo's LinearAdapter of `dim` units on its encoder (every block, as
+    NeMo's adapter tutorial adds it), enabled, and everything else frozen."""
+    from nemo.collections.asr.models import EncDecRNNTBPEModel
+    from nemo.collections.common.parts.adapter_modules import LinearAdapterConfig
+    from nemo.core import adapter_mixins
+    from omegaconf import open_dict
+
+    cfg = EncDecRNNTBPEModel.restore_from(path, return_config=True, map_location="cpu")
+    with open_dict(cfg):
+        cfg.encoder._target_ = adapter_mixins.get_registered_adapter(
+            cfg.encoder._target_).adapter_class_path  # fmt: skip
+    model = EncDecRNNTBPEModel.restore_from(path, override_config_path=cfg, map_location="cpu")
+    d_model = model.cfg.encoder.d_model
+    model.add_adapter(name="encoder:ft", cfg=LinearAdapterConfig(in_features=d_model, dim=dim))
+    model.set_enabled_adapters(name="encoder:ft", enabled=True)
+    model.freeze()
+    model.unfreeze_enabled_adapters()
+    return model
+
+
 def _nemo_step(model, request: dict) -> dict:
     """NeMo's own training update on a fabricated micro-batch, dropout off (or, with
     `request["dropout"]` "config", as the config sets it but in the joint) and BatchNorm at
@@ -511,7 +541,8 @@ def _nemo_step(model, request: dict) -> dict:
     feat_lengths = torch.full([batch_size], frames)
     targets = torch.randint(0, vocab, (batch_size, labels), generator=generator)
     target_lengths = torch.full([batch_size], labels)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    # what trains: every parameter, or (adapters) those unfreeze_enabled_adapters left on
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
 
     def update():
         optimizer.zero_grad()
@@ -653,6 +684,11 @@ def main() -> None:
                         help="step, fit: dropout off on both sides, or the encoder's and "
                              "predictor's rates as the model's config sets them (NeMo's "
                              "joint dropout stays off: asrkit's joint has none)")  # fmt: skip
+    parser.add_argument("--adapters", type=int, metavar="DIM",
+                        help="step, fit: train NeMo's linear adapters of DIM units on every "
+                             "block, the rest frozen, on both sides (NeMo: add_adapter, "
+                             "freeze, unfreeze_enabled_adapters; asrkit: model.adapters "
+                             "kind linear)")  # fmt: skip
     parser.add_argument("--cap", default="6GiB",
                         help="fit: the process memory cap (e.g. 6GiB, 4096MiB)")  # fmt: skip
     args = parser.parse_args()
@@ -671,6 +707,7 @@ def main() -> None:
         "manifest": str(Path(args.manifest).resolve()) if args.manifest else None,
         "utterances": args.utterances,
         "dropout": args.dropout,
+        "adapters": args.adapters,
     }
     if args.boost:
         lines = Path(args.boost).read_text(encoding="utf-8").splitlines()
