@@ -30,7 +30,7 @@ def golden():
 def mirrored():
     """One MirroredStrategy over the two logical CPUs for the whole session: separate
     instances in one process collide on collective instance keys."""
-    from asrkit.training.trainer import mirrored_strategy
+    from asrkit.training.setup import mirrored_strategy
 
     devices = tuple(d.name for d in tf.config.list_logical_devices("CPU"))
     assert len(devices) == 2, "two logical CPUs are configured above"

@@ -64,8 +64,8 @@ def main() -> None:
     from asrkit.config import load_config
     from asrkit.data.pipeline import without_autotuning
     from asrkit.sizes import format_bytes
+    from asrkit.training.setup import build_task, process_settings
     from asrkit.training.state_size import training_state
-    from asrkit.training.trainer import build_task, process_settings
 
     base = load_config(args.config, args.sets)
     blocks = base.model.encoder.num_blocks

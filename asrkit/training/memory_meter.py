@@ -113,7 +113,7 @@ def _serve(config_path: str, vocab_size: int, device: str, memory_limit: int) ->
 
     from asrkit.config import load_config
     from asrkit.training.probe import fabricated_batch, forward_backward
-    from asrkit.training.trainer import build_task, process_settings
+    from asrkit.training.setup import build_task, process_settings
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
     kind = device.split(":")[0].upper()

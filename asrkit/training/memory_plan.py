@@ -35,7 +35,7 @@ from asrkit.data.order import bucket_index, micro_batches_per_epoch
 from asrkit.data.pipeline import bucket_plan, pipeline_config
 from asrkit.errors import UserError
 from asrkit.sizes import format_bytes
-from asrkit.training.trainer import accumulation_steps
+from asrkit.training.setup import accumulation_steps
 
 DEFAULT_MARGIN = 0.15  # covers the allocator's history effect (memory_meter)
 _MAX_MEASUREMENTS = 16  # per bucket; the line usually needs 4

@@ -62,7 +62,7 @@ def training_state(config: ExperimentConfig, vocab_size: int) -> TrainingState:
 
     from asrkit.models.transducer import Transducer
     from asrkit.training.adapting import apply_adapters
-    from asrkit.training.trainer import freeze_encoder
+    from asrkit.training.setup import freeze_encoder
 
     with tf.device("CPU:0"):
         network = Transducer(vocab_size, config.model)

@@ -36,7 +36,7 @@ from asrkit.data.records import shard_counts
 from asrkit.errors import InputError
 from asrkit.features import normalizer_for
 from asrkit.tokenizer import Tokenizer
-from asrkit.training.trainer import build_task, process_settings
+from asrkit.training.setup import build_task, process_settings
 
 
 @dataclass(frozen=True)

@@ -330,7 +330,8 @@ def test_training_only_settings_import_with_a_note_and_training_names_the_way_ou
     refuses what it cannot model in one line naming the setting that fixes it."""
     from asrkit.config import ConfigError
     from asrkit.importers.nemo_model import plan_import
-    from asrkit.training.trainer import build_task, train
+    from asrkit.training.setup import build_task
+    from asrkit.training.trainer import train
 
     nemo = json.loads(json.dumps(read_nemo(DATA / "step_conformer_rnnt.nemo").config))
     plain = plan_import(nemo, "m.nemo")

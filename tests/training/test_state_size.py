@@ -8,8 +8,8 @@ import pytest
 
 from asrkit.config import load_config
 from asrkit.training.probe import fabricated_batch
+from asrkit.training.setup import build_task
 from asrkit.training.state_size import StateTooLarge, check_state_fits, training_state
-from asrkit.training.trainer import build_task
 
 TINY = ["model.encoder.kind=conformer", "model.encoder.d_model=16", "model.encoder.num_blocks=2",
         "model.encoder.num_heads=2", "model.encoder.kernel_size=5",

@@ -25,7 +25,8 @@ from asrkit.config import load_config
 from asrkit.data.manifest import read_manifest
 from asrkit.data.records import write_shards
 from asrkit.tokenizer import train_tokenizer
-from asrkit.training.trainer import DataPlanChanged, config_cautions, train
+from asrkit.training.setup import config_cautions
+from asrkit.training.trainer import DataPlanChanged, train
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """
