@@ -31,12 +31,15 @@ def register(subparsers) -> None:
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="corpus root to create")
     parser.add_argument(
-        "--preset", default="mini", choices=["tiny", "mini", "open-tiny", "open", "open-voices"],
+        "--preset", default="mini",
+        choices=["tiny", "mini", "open-tiny", "open", "open-voices", "open-seen"],
         help="mini: the built-in grammar, ~1.5 h; open: open-vocabulary English (WordNet's "
              "examples, Debian's wordnet-base), ~6 h, with held-out names and words in dev "
              "and test (TEXT.json, names.txt, lm.txt beside the corpus); open-voices: "
              "~1 h of open's held-out test voices (same --seed) saying other sentences, "
-             "its test open's: fine-tuning to unheard voices",
+             "tested on open's test sentences (fine-tuning to unheard voices); "
+             "open-seen: open's test sentences said by its training voices (what "
+             "adapting forgets)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)

@@ -47,8 +47,9 @@ class Preset:
     # An adaptation corpus for a model trained on preset `adapts` (same seed): every part
     # spoken by that preset's held-out test voices; training and dev sentences from its
     # unspoken text pool (lm.txt), its test sentences as they were. What fine-tuning to
-    # unheard voices is measured on.
+    # unheard voices is measured on; `voices` another part's (open-seen: what it forgets).
     adapts: str | None = None
+    voices: str = "test-clean"
 
 
 PRESETS = {
@@ -60,6 +61,14 @@ PRESETS = {
     # about 0.9 hours of the open preset's test voices saying other sentences
     "open-voices": Preset(
         utterances=(1500, 150, 400), speakers=(30, 10, 15), text="wordnet", adapts="open"
+    ),
+    # the open preset's test sentences said by its training voices only (a test part alone)
+    "open-seen": Preset(
+        utterances=(0, 0, 400),
+        speakers=(0, 0, 30),
+        text="wordnet",
+        adapts="open",
+        voices="train-clean-100",
     ),
 }
 
@@ -226,8 +235,8 @@ def plan_corpus(
     # its own generator: a corpus without entities is the one this seed always made
     entity_rng = random.Random(seed + 7919)
     by_part = split_identities(voices, rng)
-    if preset.adapts:  # the adapted preset's test voices, in every part
-        by_part = {part: by_part[PARTS[2]] for part in PARTS}
+    if preset.adapts:  # the adapted preset's voices of one part, in every part
+        by_part = {part: by_part[preset.voices] for part in PARTS}
     speakers, jobs, transcripts = [], [], {}
     next_id = 100
     for part, n_utts, n_speakers in zip(PARTS, preset.utterances, preset.speakers, strict=True):

@@ -131,6 +131,9 @@ def test_an_adaptation_corpus_speaks_new_sentences_in_its_bases_test_voices(tmp_
 
     monkeypatch.setitem(PRESETS, "open-tiny-voices", Preset(
         utterances=(6, 3, 4), speakers=(2, 2, 2), text="wordnet", adapts="open-tiny"))  # fmt: skip
+    monkeypatch.setitem(PRESETS, "open-tiny-seen", Preset(
+        utterances=(0, 0, 4), speakers=(0, 0, 2), text="wordnet", adapts="open-tiny",
+        voices="train-clean-100"))  # fmt: skip
     assert synthetic.PRESETS["open-voices"].adapts == "open"
     made = make_synthetic_corpus(tmp_path / "base", "open-tiny", seed=3, show_progress=False)
     adapting = make_synthetic_corpus(tmp_path / "adapt", "open-tiny-voices", seed=3,
@@ -145,3 +148,8 @@ def test_an_adaptation_corpus_speaks_new_sentences_in_its_bases_test_voices(tmp_
     new = set(adapt["train-clean-100"] + adapt["dev-clean"])
     assert len(new) == 9 and not new & said
     assert not set((tmp_path / "adapt/lm.txt").read_text().splitlines()) & (said | new)
+    # the base's training voices saying its test sentences: what adapting forgets
+    seen = make_synthetic_corpus(tmp_path / "seen", "open-tiny-seen", seed=3, show_progress=False)
+    assert _spoken(tmp_path / "seen")["test-clean"] == base["test-clean"]
+    pool = split_identities(available_voices("en"), random.Random(3))["train-clean-100"]
+    assert set(seen.voices["test-clean"]) <= {v.identity for v in pool}
