@@ -33,6 +33,7 @@ from asrkit.decoding.beam import live_slots
 from asrkit.decoding.fusion import FusionTables
 from asrkit.decoding.long_audio import windowing_for
 from asrkit.decoding.search import DecodeOptions, describe, search
+from asrkit.decoding.strategies import strategy
 from asrkit.decoding.windows_graph import graph_windows
 from asrkit.decoding.words import FrameClock, detokenize, timed_words
 from asrkit.experiment import load_experiment, read_training_lengths
@@ -263,7 +264,7 @@ def export_model(
             tf.TensorSpec([None], tf.int32, name="lengths"),
         ],
     )
-    boosting = options.method != "ctc"  # CTC search takes no word boosting
+    boosting = strategy(options.method, config.model).fusion  # CTC search takes none
     if boosting:
         archive.add_endpoint(
             "serve_boosted", boosted(transcribe),
@@ -299,7 +300,7 @@ def export_model(
         "outputs": OUTPUTS,
         "decoding": describe(options),
         # the most hypotheses the n-best list holds (transcribe --nbest checks it)
-        "hypotheses": options.beam if options.method == "beam" else 1,
+        "hypotheses": strategy(options.method, config.model).hypotheses(options.beam),
         # token_times = max(0, frame_offset - emission_delay + frame * frame_period)
         "frame_period": clock.period,
         "frame_offset": clock.offset,

@@ -39,6 +39,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from asrkit.decoding.strategies import check
     from asrkit.errors import InputError
     from asrkit.experiment import load_experiment_config
     from asrkit.outputs import replacing_directory, writable_parent
@@ -47,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
     writable_parent(args.out, "--out")
     if args.litert and not args.streaming:
         raise InputError("--litert converts the streaming step: add --streaming")
-    if args.streaming and args.method != "greedy":
-        raise InputError(f"--streaming exports greedy search: drop --method {args.method}")
+    check(args.method, streaming_export=args.streaming)
     fused = [f"--{o}" for o in ("boost", "lm", "lodr") if getattr(args, o)]
     if fused and not args.streaming:
         raise InputError(

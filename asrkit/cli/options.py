@@ -55,23 +55,21 @@ def check_search_arguments(args: argparse.Namespace) -> None:
     if args.beam < 1:
         raise InputError(f"--beam must be >= 1, got {args.beam}")
     _check_fusion_arguments(args)
-    nbest = getattr(args, "nbest", 0)
-    if nbest > 1 and args.method in ("greedy", "ctc") and not getattr(args, "model", None):
-        raise InputError(
-            f"--nbest {nbest}: {args.method} search finds one hypothesis; add --method beam "
-            f"--beam {max(nbest, args.beam)} for an n-best list"
-        )
+    if not getattr(args, "model", None):  # an export's own search answers for it
+        from asrkit.decoding.strategies import check
+
+        check(args.method, nbest=getattr(args, "nbest", 0), beam=args.beam)
 
 
 def search_options(args: argparse.Namespace, max_symbols_per_step: int, model_config=None):
     """The search the arguments ask for; with `model_config` (a ModelConfig), `--method
     ctc` is refused for a model without a CTC head before it loads."""
     from asrkit.decoding.search import DecodeOptions
-    from asrkit.decoding.strategies import check_method
+    from asrkit.decoding.strategies import check
 
     check_search_arguments(args)
     if model_config is not None:
-        check_method(args.method, model_config)
+        check(args.method, model_config)
     return DecodeOptions(args.method, args.beam, max_symbols_per_step)
 
 
@@ -79,10 +77,10 @@ def check_before_loading(args: argparse.Namespace, config) -> None:
     """What an experiment's recorded config and tokenizer answer before TensorFlow and the
     model load: the search method against its network, `--chunk-frames`/`--lookahead-frames`
     against its training, and `--lm`/`--lodr` against its pieces."""
-    from asrkit.decoding.strategies import check_method
+    from asrkit.decoding.strategies import check
     from asrkit.experiment import check_chunk_override
 
-    check_method(args.method, config.model)
+    check(args.method, config.model, streaming=getattr(args, "streaming", False))
     if getattr(args, "chunk_frames", None) is not None:
         check_chunk_override(config, args.chunk_frames)
     lms = getattr(args, "read_lms", {})
@@ -167,10 +165,9 @@ def _check_fusion_arguments(args: argparse.Namespace) -> None:
             raise InputError(f"--{option}-weight without --{option}")
     if not any(getattr(args, option, None) for option in ("boost", "lm", "lodr")):
         return
-    used = [f"--{o}" for o in ("boost", "lm", "lodr") if getattr(args, o, None)]
-    if args.method == "ctc":
-        verb = "works" if len(used) == 1 else "work"
-        raise InputError(f"{' and '.join(used)} {verb} in greedy and beam search, not --method ctc")
+    from asrkit.decoding.strategies import check
+
+    check(args.method, fusion=tuple(f"--{o}" for o in ("boost", "lm", "lodr") if getattr(args, o)))
     if args.lodr and not args.lm:
         raise InputError("--lodr subtracts a low-order LM beside an external one: add --lm")
     if args.boost:

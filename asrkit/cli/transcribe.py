@@ -195,8 +195,6 @@ def _check_streaming(args) -> None:
         )
     if not args.chunk_seconds > 0:
         raise InputError(f"--chunk-seconds must be > 0, got {args.chunk_seconds}")
-    if args.method == "ctc":
-        raise InputError("--streaming decodes the transducer: use --method greedy or beam")
 
 
 def _stream(recognise, path: str, args):

@@ -21,13 +21,11 @@ from asrkit.decoding.found import Found
 from asrkit.decoding.fusion import FusionTables
 from asrkit.decoding.fusion_steps import as_tensors
 from asrkit.decoding.greedy import greedy_search
-from asrkit.decoding.strategies import BOOST_UNSUPPORTED, NO_CTC_HEAD
+from asrkit.decoding.strategies import METHODS, check, decoder_of
 from asrkit.decoding.tdt_beam import tdt_beam_search
 from asrkit.decoding.tdt_greedy import tdt_greedy_search
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
-
-METHODS = ("greedy", "beam", "ctc")  # ctc: greedy on a hybrid network's CTC head
 
 
 @dataclass(frozen=True)
@@ -132,32 +130,31 @@ def beam_decode(
 def search(model, encoded, encoder_lengths, options: DecodeOptions, boost=None) -> Found:
     """Each row's hypotheses as graph tensors, best first: `Found` with a K axis
     ([B, K, N] tokens, [B, K] counts and scores; K = the beam, or 1 for greedy).
-    `boost`: fusion tables as tensors (word boosting, LM; greedy and beam search, RNN-T and
-    TDT)."""
-    if boost is not None and options.method == "ctc":
-        raise ValueError(BOOST_UNSUPPORTED)
-    if options.method == "ctc":
-        if model.ctc_head is None:
-            raise ValueError(NO_CTC_HEAD)
-        return Found(*(x[:, None] for x in ctc_greedy_search(model, encoded, encoder_lengths)))
-    if model.joint.durations and options.method == "beam":
-        return tdt_beam_search(
-            model, encoded, encoder_lengths, options.beam, options.max_symbols_per_step, boost
-        )
-    if model.joint.durations:
-        found = tdt_greedy_search(
-            model, encoded, encoder_lengths, options.max_symbols_per_step, boost=boost
-        )
-        return Found(*(x[:, None] for x in found))
-    if options.method == "beam":
-        return beam_search(
-            model, encoded, encoder_lengths, options.beam, options.max_symbols_per_step,
-            boost=boost,
-        )  # fmt: skip
-    found = greedy_search(
-        model, encoded, encoder_lengths, options.max_symbols_per_step, boost=boost
-    )
+    `boost`: fusion tables as tensors (word boosting, LM; the strategies that take them).
+    Which search runs is the strategy table's row (`asrkit.decoding.strategies`)."""
+    decoder = decoder_of(options.method, model.joint.durations, model.ctc_head is not None)
+    if boost is not None:
+        check(options.method, fusion=("--boost",))
+    return _SEARCHES[decoder, options.method](model, encoded, encoder_lengths, options, boost)
+
+
+def _one(found) -> Found:
+    """A search of one hypothesis per row, with the K axis of 1."""
     return Found(*(x[:, None] for x in found))
+
+
+_SEARCHES = {  # one per row of STRATEGIES
+    ("rnnt", "greedy"): lambda model, encoded, lengths, options, boost: _one(greedy_search(
+        model, encoded, lengths, options.max_symbols_per_step, boost=boost)),
+    ("rnnt", "beam"): lambda model, encoded, lengths, options, boost: beam_search(
+        model, encoded, lengths, options.beam, options.max_symbols_per_step, boost=boost),
+    ("tdt", "greedy"): lambda model, encoded, lengths, options, boost: _one(tdt_greedy_search(
+        model, encoded, lengths, options.max_symbols_per_step, boost=boost)),
+    ("tdt", "beam"): lambda model, encoded, lengths, options, boost: tdt_beam_search(
+        model, encoded, lengths, options.beam, options.max_symbols_per_step, boost),
+    ("ctc", "ctc"): lambda model, encoded, lengths, options, boost: _one(ctc_greedy_search(
+        model, encoded, lengths)),
+}  # fmt: skip
 
 
 def describe(options: DecodeOptions) -> str:

@@ -30,6 +30,7 @@ from asrkit.config import DecodeConfig, FeatureConfig
 from asrkit.decoding.beam import Beams, beam_continue, beam_found, beam_start, taken_back
 from asrkit.decoding.fusion_steps import as_tensors, start_states
 from asrkit.decoding.greedy import greedy_continue, greedy_start
+from asrkit.decoding.strategies import check
 from asrkit.decoding.tdt_greedy import tdt_greedy_continue, tdt_greedy_start
 from asrkit.decoding.words import SUBSAMPLING
 from asrkit.errors import UserError
@@ -73,12 +74,8 @@ class StreamingDecoder:
                 "Conformer trained with model.encoder.chunk_frames > 0; this model's "
                 f"{type(network.encoder).__name__} attends to the whole utterance"
             )
-        if network.joint.durations and int(beam) > 1:
-            raise UserError(
-                "a TDT model (model.durations) streams with greedy search only (its beam "
-                "search moves hypotheses through frames at their own pace): stream with "
-                "beam 1, or decode the whole waveform with beam search"
-            )
+        method = "beam" if int(beam) > 1 else "greedy"
+        check(method, network.config, streaming=True)  # the strategy table's refusal
         if features.kind == "nemo" and features.normalize != "none":
             raise UserError(
                 "streaming needs features without per-utterance normalisation (NeMo's "

@@ -24,6 +24,7 @@ from asrkit.decoding.beam import beam_found
 from asrkit.decoding.long_audio import Window, Windowing, join_words, plan_windows
 from asrkit.decoding.runner import by_budget, featurise_samples
 from asrkit.decoding.search import DEFAULT_OPTIONS, Hypothesis, decode_nbest, found_hypotheses
+from asrkit.decoding.strategies import strategy
 from asrkit.decoding.words import Alignment, FrameClock, Word, align, row_words
 from asrkit.errors import InputError
 from asrkit.features import normalizer_for
@@ -97,7 +98,8 @@ class NetworkRecogniser:
 
             self._streaming = StreamingDecoder(
                 self.model, self.features, self.normalize, self.options.max_symbols_per_step,
-                self.options.beam if self.options.method == "beam" else 1, self.boost,
+                strategy(self.options.method, self.model.config).hypotheses(self.options.beam),
+                self.boost,
             )  # fmt: skip
         return self._streaming
 
