@@ -174,15 +174,17 @@ def load_experiment(
     checkpoint: str | os.PathLike | None = None,
     average: int = 1,
     chunk_frames: int | None = None,
+    config: ExperimentConfig | None = None,
 ) -> Experiment:
     """The network of an experiment with `checkpoint`'s weights if given, else the average
     of its last `average` checkpoints (1: the latest). No optimizer state is created.
     `chunk_frames`: for a Conformer trained with dynamic chunks, the chunk size to run
-    with instead of `model.encoder.chunk_frames` (0: full context)."""
+    with instead of `model.encoder.chunk_frames` (0: full context). `config`: the
+    experiment's, already read (`load_experiment_config`), so that it is read once."""
     from asrkit.checkpoints import assign_weights, average_checkpoints, last_checkpoints, restore
     from asrkit.features import normalizer_for
 
-    config = load_experiment_config(exp_dir)
+    config = config or load_experiment_config(exp_dir)
     if chunk_frames is not None:
         check_chunk_override(config, chunk_frames)
     tokenizer = Tokenizer.load(config.data.tokenizer)

@@ -801,3 +801,39 @@ def test_transcribe_with_an_export_uses_what_it_records_and_refuses_what_it_cann
         assert says in err and len(err.strip().splitlines()) == 1, (wrong, err)
     assert main(["transcribe", "--model", str(out), "--method", "beam", "--beam", "3",
                  paths[0]]) == 0  # fmt: skip
+
+
+def test_decode_reads_its_config_and_its_phrase_list_once(experiment, tmp_path, monkeypatch):
+    """On the way from the command into the package, `asrkit decode --boost --lm` reads the
+    experiment's config once and the phrase list and LM once (checked before the model
+    loads, then built into the tables from what was read)."""
+    import asrkit.decoding.boosting as boosting
+    import asrkit.experiment as experiment_module
+    import asrkit.ngram as ngram
+    from asrkit.ngram import estimate, write_arpa
+
+    work, exp, _ = experiment
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_text("tarot\nnest\n")
+    loaded = load_experiment(exp)
+    tokenizer, vocab = loaded.tokenizer, loaded.network.vocab_size
+    pieces = [tokenizer.piece(i) for i in range(vocab)]
+    lm = estimate([[pieces[i] for i in tokenizer.encode("the tarot nest")]], 2, pieces[1:])
+    arpa = write_arpa(lm, tmp_path / "lm.arpa")
+    calls = {"config": 0, "phrases": 0, "lm": 0}
+
+    def counted(key, function):
+        def wrapper(*args, **kwargs):
+            calls[key] += 1
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(experiment_module, "load_experiment_config",
+                        counted("config", experiment_module.load_experiment_config))  # fmt: skip
+    monkeypatch.setattr(boosting, "read_phrases", counted("phrases", boosting.read_phrases))
+    monkeypatch.setattr(ngram, "read_arpa", counted("lm", ngram.read_arpa))
+    argv = ["decode", "--exp-dir", str(exp), "--manifest", str(work / "data/test-real.jsonl"),
+            "--boost", str(phrases), "--lm", str(arpa), "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 0
+    assert calls == {"config": 1, "phrases": 1, "lm": 1}

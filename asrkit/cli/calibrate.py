@@ -53,13 +53,13 @@ def run(args: argparse.Namespace) -> int:
             "of a longer file; calibrate measures whole files: give it one entry per file"
         )
     check_search_arguments(args)
-    load_experiment_config(args.exp_dir)  # an experiment (before TensorFlow is imported)
+    recorded = load_experiment_config(args.exp_dir)  # an experiment (before TensorFlow)
     writable_directory(args.exp_dir, "--exp-dir")  # timing.json goes there
     from asrkit.decoding.onset import measure_emission_delay
     from asrkit.decoding.transcribe import NetworkRecogniser
     from asrkit.experiment import load_experiment, write_timing
 
-    experiment = load_experiment(args.exp_dir, args.checkpoint, args.average)
+    experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, config=recorded)
     options = search_options(
         args, experiment.config.decode.max_symbols_per_step, experiment.config.model
     )

@@ -12,8 +12,6 @@ from asrkit.cli.options import (
     add_weights_arguments,
     check_before_loading,
     check_search_arguments,
-    fusion_for,
-    fusion_settings,
     search_options,
 )
 
@@ -46,10 +44,11 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.experiment import load_experiment_config
     from asrkit.outputs import writable_directory, write_files
 
-    check_search_arguments(args)
+    fusion = check_search_arguments(args)  # the phrase list and LMs read, once
     out = writable_directory(args.out, "--out") if args.out else None
     # before TensorFlow: is it an experiment at all, can it do what is asked?
-    check_before_loading(args, load_experiment_config(args.exp_dir))
+    recorded = load_experiment_config(args.exp_dir)  # read once, here
+    check_before_loading(args, recorded, fusion)
     if args.manifest:
         read_usable_manifest(args.manifest)
     from asrkit.data.pipeline import pipeline_config
@@ -57,11 +56,12 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.decoding.runner import decode_manifest, decode_shards
     from asrkit.experiment import load_experiment
 
-    experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, args.chunk_frames)
+    experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, args.chunk_frames,
+                                 config=recorded)  # fmt: skip
     network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     options = search_options(args, config.decode.max_symbols_per_step, config.model)
-    boost = fusion_for(args, tokenizer, network.vocab_size, config.decode,
-                       nemo_ids=config.features.kind == "nemo")  # fmt: skip
+    boost = fusion.tables(tokenizer, network.vocab_size, config.decode,
+                          nemo_ids=config.features.kind == "nemo")  # fmt: skip
     if args.shards:
         check_shards(args.shards, config, tokenizer)
         report = decode_shards(
@@ -75,13 +75,13 @@ def run(args: argparse.Namespace) -> int:
     r = report.rates
     weights = experiment.weights
     method = f"beam {args.beam}" if args.method == "beam" else args.method
-    fusion = fusion_settings(args, config.decode)
+    fused = fusion.spec.weights(config.decode)
     if args.boost:
-        method += f", boosting {args.boost} (weight {fusion['boost_weight']:g})"
+        method += f", boosting {args.boost} (weight {fused['boost_weight']:g})"
     if args.lm:
-        method += f", LM {args.lm} (weight {fusion['lm_weight']:g})"
+        method += f", LM {args.lm} (weight {fused['lm_weight']:g})"
         if args.lodr:
-            method += f" - LODR {args.lodr} (weight {fusion['lodr_weight']:g})"
+            method += f" - LODR {args.lodr} (weight {fused['lodr_weight']:g})"
     summary = (
         f"{args.shards or args.manifest}: {method}, weights {weights}: WER {r.wer * 100:.2f} % "
         f"(S {r.substitutions}, D {r.deletions}, I {r.insertions} of {r.words} words), "
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         scores = {"wer": r.wer, "cer": r.cer, "substitutions": r.substitutions,
                   "deletions": r.deletions, "insertions": r.insertions, "words": r.words,
                   "utterances": len(report.utterances), "rtf": report.rtf, "method": method,
-                  "weights": weights, "normalizer": r.normalizer, **fusion}  # fmt: skip
+                  "weights": weights, "normalizer": r.normalizer, **fused}  # fmt: skip
         write_files(out, {
             "hyp.txt": "".join(f"{u.id} {u.hypothesis}\n" for u in report.utterances),
             "ref.txt": "".join(f"{u.id} {u.reference}\n" for u in report.utterances),

@@ -11,7 +11,6 @@ from asrkit.cli.options import (
     add_search_arguments,
     add_weights_arguments,
     check_search_arguments,
-    fusion_for,
     search_options,
 )
 
@@ -44,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.experiment import load_experiment_config
     from asrkit.outputs import replacing_directory, writable_parent
 
-    check_search_arguments(args)
+    read = check_search_arguments(args)  # the phrase list and LMs read, once
     writable_parent(args.out, "--out")
     if args.litert and not args.streaming:
         raise InputError("--litert converts the streaming step: add --streaming")
@@ -64,9 +63,9 @@ def run(args: argparse.Namespace) -> int:
         from asrkit.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.load(Path(args.exp_dir) / TOKENIZER_DIR)
-        fusion = fusion_for(args, tokenizer, tokenizer.vocab_size, recorded.decode,
-                            nemo_ids=recorded.features.kind == "nemo")  # fmt: skip
-        described = _described(args, recorded.decode)
+        fusion = read.tables(tokenizer, tokenizer.vocab_size, recorded.decode,
+                             nemo_ids=recorded.features.kind == "nemo")  # fmt: skip
+        described = _described(read.spec, recorded.decode)
     with replacing_directory(args.out, "--out", args.force) as out:
         from asrkit.decoding.search import describe
         from asrkit.export import convert_to_litert, export_model, export_streaming
@@ -91,12 +90,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _described(args: argparse.Namespace, decode) -> str:
-    """What a streaming export has built in, for its asrkit_export.json."""
+def _described(spec, decode) -> str:
+    """What a streaming export has built in (a FusionSpec at `decode`'s weights), for its
+    asrkit_export.json."""
+    weights = spec.weights(decode)
     parts = []
     for option, name in (("boost", "boosting"), ("lm", "LM"), ("lodr", "minus LODR")):
-        if getattr(args, option):
-            given = getattr(args, f"{option}_weight")
-            weight = getattr(decode, f"{option}_weight") if given is None else given
-            parts.append(f"{name} {Path(getattr(args, option)).name} (weight {weight:g})")
+        if option in weights:
+            parts.append(f"{name} {Path(weights[option]).name} "
+                         f"(weight {weights[option + '_weight']:g})")  # fmt: skip
     return ", ".join(parts)

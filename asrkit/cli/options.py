@@ -47,18 +47,32 @@ def add_fusion_arguments(parser) -> None:
                         "decode.lodr_weight)")  # fmt: skip
 
 
-def check_search_arguments(args: argparse.Namespace) -> None:
-    """The search options' own mistakes, before any model loads: a beam below 1, and an
-    n-best list from greedy search (which finds one hypothesis)."""
+def fusion_spec(args: argparse.Namespace):
+    """The fusion (`--boost`, `--lm`, `--lodr` and their weights) the arguments ask for."""
+    from asrkit.decoding.fusion_spec import FUSIONS, FusionSpec
+
+    given = {}
+    for name in FUSIONS:
+        given[name] = getattr(args, name, None)
+        given[f"{name}_weight"] = getattr(args, f"{name}_weight", None)
+    return FusionSpec(**given)
+
+
+def check_search_arguments(args: argparse.Namespace):
+    """The search options' own mistakes, before any model loads: a beam below 1, an
+    n-best list from greedy search (which finds one hypothesis), and the fusion options',
+    whose files are read here, once. Returns them read (`ReadFusion`)."""
+    from asrkit.decoding.fusion_spec import read_fusion
     from asrkit.errors import InputError
 
     if args.beam < 1:
         raise InputError(f"--beam must be >= 1, got {args.beam}")
-    _check_fusion_arguments(args)
+    fusion = read_fusion(fusion_spec(args), args.method)
     if not getattr(args, "model", None):  # an export's own search answers for it
         from asrkit.decoding.strategies import check
 
         check(args.method, nbest=getattr(args, "nbest", 0), beam=args.beam)
+    return fusion
 
 
 def search_options(args: argparse.Namespace, max_symbols_per_step: int, model_config=None):
@@ -66,32 +80,30 @@ def search_options(args: argparse.Namespace, max_symbols_per_step: int, model_co
     ctc` is refused for a model without a CTC head before it loads."""
     from asrkit.decoding.search import DecodeOptions
     from asrkit.decoding.strategies import check
+    from asrkit.errors import InputError
 
-    check_search_arguments(args)
-    if model_config is not None:
-        check(args.method, model_config)
+    if args.beam < 1:
+        raise InputError(f"--beam must be >= 1, got {args.beam}")
+    check(args.method, model_config)
     return DecodeOptions(args.method, args.beam, max_symbols_per_step)
 
 
-def check_before_loading(args: argparse.Namespace, config) -> None:
+def check_before_loading(args: argparse.Namespace, config, fusion=None) -> None:
     """What an experiment's recorded config and tokenizer answer before TensorFlow and the
     model load: the search method against its network, `--chunk-frames`/`--lookahead-frames`
-    against its training, and `--lm`/`--lodr` against its pieces."""
+    against its training, and `fusion`'s LMs (a ReadFusion) against its pieces."""
     from asrkit.decoding.strategies import check
     from asrkit.experiment import check_chunk_override
 
     check(args.method, config.model, streaming=getattr(args, "streaming", False))
     if getattr(args, "chunk_frames", None) is not None:
         check_chunk_override(config, args.chunk_frames)
-    lms = getattr(args, "read_lms", {})
-    if lms:
-        from asrkit.decoding.lm_fusion import lm_token_ids
+    if fusion is not None and fusion.lms:
         from asrkit.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.load(config.data.tokenizer)
         pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
-        for option, lm in lms.items():
-            lm_token_ids(lm, pieces, f"--{option}", config.features.kind == "nemo")
+        fusion.check_pieces(pieces, config.features.kind == "nemo")
 
 
 def experiment_or_config(
@@ -148,71 +160,3 @@ def add_chunk_argument(parser) -> None:
              "cache-aware streaming models, att_context_size [[left, R], ...]): run with "
              "the look-ahead of R encoder frames (chunks of R + 1) instead of the first",
     )  # fmt: skip
-
-
-def _check_fusion_arguments(args: argparse.Namespace) -> None:
-    """--boost, --lm, --lodr and their weights, read and checked before any model loads
-    (the LMs are kept on `args` for `fusion_for`)."""
-    import math
-
-    from asrkit.errors import InputError
-
-    for option in ("boost", "lm", "lodr"):
-        weight = getattr(args, f"{option}_weight", None)
-        if weight is not None and (not math.isfinite(weight) or weight < 0):
-            raise InputError(f"--{option}-weight must be a number >= 0, got {weight}")
-        if weight is not None and not getattr(args, option, None):
-            raise InputError(f"--{option}-weight without --{option}")
-    if not any(getattr(args, option, None) for option in ("boost", "lm", "lodr")):
-        return
-    from asrkit.decoding.strategies import check
-
-    check(args.method, fusion=tuple(f"--{o}" for o in ("boost", "lm", "lodr") if getattr(args, o)))
-    if args.lodr and not args.lm:
-        raise InputError("--lodr subtracts a low-order LM beside an external one: add --lm")
-    if args.boost:
-        from asrkit.decoding.boosting import read_phrases
-
-        read_phrases(args.boost)  # its mistakes before any model loads
-    from asrkit.ngram import read_arpa
-
-    args.read_lms = {o: read_arpa(getattr(args, o), f"--{o}") for o in ("lm", "lodr")
-                     if getattr(args, o, None)}  # fmt: skip
-
-
-def fusion_settings(args: argparse.Namespace, decode) -> dict:
-    """What `--boost`, `--lm` and `--lodr` fuse, each with the weight used (given, or from
-    `decode`, a DecodeConfig): {"boost": path, "boost_weight": w, "lm": ...}, empty without
-    them. What a result records beside its scores."""
-    settings = {}
-    for option in ("boost", "lm", "lodr"):
-        if getattr(args, option, None):
-            given = getattr(args, f"{option}_weight", None)
-            settings[option] = str(getattr(args, option))
-            settings[f"{option}_weight"] = (
-                getattr(decode, f"{option}_weight") if given is None else given
-            )
-    return settings
-
-
-def fusion_for(args: argparse.Namespace, tokenizer, vocab_size: int, decode, nemo_ids=False):
-    """The tables `--boost`, `--lm` and `--lodr` ask for (None without them), over
-    `vocab_size` ids; weights from `decode` (a DecodeConfig) unless given. `nemo_ids`: the
-    model was imported from NeMo (its token LMs are taken too)."""
-    lms = getattr(args, "read_lms", {})
-    if not getattr(args, "boost", None) and not lms:
-        return None
-    from asrkit.decoding.boosting import load_boost
-    from asrkit.decoding.fusion import combine
-    from asrkit.decoding.lm_fusion import lm_automaton
-
-    settings = fusion_settings(args, decode)
-    automata = []
-    if args.boost:
-        automata.append(load_boost(args.boost, tokenizer, vocab_size, settings["boost_weight"]))
-    pieces = [tokenizer.piece(i) for i in range(vocab_size)]
-    for option, sign in (("lm", 1.0), ("lodr", -1.0)):
-        if option in lms:
-            weight = sign * settings[f"{option}_weight"]
-            automata.append(lm_automaton(lms[option], pieces, weight, f"--{option}", nemo_ids))
-    return combine(*automata)

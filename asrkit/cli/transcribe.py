@@ -15,7 +15,6 @@ from asrkit.cli.options import (
     add_weights_arguments,
     check_before_loading,
     check_search_arguments,
-    fusion_for,
     search_options,
 )
 from asrkit.errors import InputError
@@ -83,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         args.method = args.method or "greedy"
         args.beam = 4 if args.beam is None else args.beam
         args.average = 1 if args.average is None else args.average
-    check_search_arguments(args)
+    fusion = check_search_arguments(args)  # the phrase list and LMs read, once
     if args.model and args.nbest > 1:
         _check_export_finds(args.model, args.nbest)
     if bool(args.files) == bool(args.manifest):
@@ -106,10 +105,12 @@ def run(args: argparse.Namespace) -> int:
     missing = [f for f in args.files if not args.manifest and not Path(f).is_file()]
     if missing:
         raise InputError(f"no such audio file: {missing[0]}")
+    recorded = None
     if not args.model:  # before TensorFlow: what the experiment's files can answer
         from asrkit.experiment import load_experiment_config
 
-        check_before_loading(args, load_experiment_config(args.exp_dir))
+        recorded = load_experiment_config(args.exp_dir)  # read once, here
+        check_before_loading(args, recorded, fusion)
     from asrkit.decoding import formats
     from asrkit.decoding.long_audio import windowing_for
     from asrkit.decoding.transcribe import transcribe_files
@@ -128,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--realtime simulates a live stream: use it with --streaming")
     from asrkit.audio import AudioError
 
-    recognise = _model_recogniser(args) if args.model else _experiment_recogniser(args)
+    recognise = (
+        _model_recogniser(args, fusion) if args.model
+        else _experiment_recogniser(args, fusion, recorded)
+    )  # fmt: skip
     unreadable = []  # one bad file among several: the others are transcribed, it is named
     if args.streaming:
         found = []
@@ -208,17 +212,18 @@ def _stream(recognise, path: str, args):
     return stream_file(recognise, path, args.chunk_seconds, args.realtime, show)
 
 
-def _experiment_recogniser(args):
+def _experiment_recogniser(args, fusion, recorded):
     from asrkit.decoding.transcribe import NetworkRecogniser
     from asrkit.experiment import load_experiment
 
     experiment = load_experiment(
-        args.exp_dir, args.checkpoint, args.average, chunk_frames=args.chunk_frames
-    )
+        args.exp_dir, args.checkpoint, args.average, chunk_frames=args.chunk_frames,
+        config=recorded,
+    )  # fmt: skip
     config = experiment.config
     options = search_options(args, config.decode.max_symbols_per_step, config.model)
-    boost = fusion_for(args, experiment.tokenizer, experiment.network.vocab_size, config.decode,
-                       nemo_ids=config.features.kind == "nemo")  # fmt: skip
+    boost = fusion.tables(experiment.tokenizer, experiment.network.vocab_size, config.decode,
+                          nemo_ids=config.features.kind == "nemo")  # fmt: skip
     return NetworkRecogniser.of(experiment, options, boost)
 
 
@@ -275,7 +280,7 @@ def _check_export_finds(model: str, nbest: int) -> None:
         )
 
 
-def _model_recogniser(args):
+def _model_recogniser(args, fusion):
     from asrkit.decoding.transcribe import SavedModelRecogniser
 
     boost = None
@@ -293,6 +298,6 @@ def _model_recogniser(args):
         info = _export_info(args.model)
         # the experiment's decode weights as the export records them (defaults if older)
         decode = DecodeConfig(**info.get("fusion_weights", {}))
-        boost = fusion_for(args, tokenizer, tokenizer.vocab_size, decode,
-                           nemo_ids=bool(info.get("nemo_ids")))  # fmt: skip
+        boost = fusion.tables(tokenizer, tokenizer.vocab_size, decode,
+                              nemo_ids=bool(info.get("nemo_ids")))  # fmt: skip
     return SavedModelRecogniser(args.model, boost)

@@ -41,13 +41,14 @@ HALLUCINATING_WEIGHT = 2.0
 @dataclass(frozen=True)
 class Phrase:
     text: str
-    weight: float
+    weight: float | None  # None: the list's default weight, filled in by the caller
 
 
-def read_phrases(path: str | Path, weight: float = DEFAULT_WEIGHT) -> list[Phrase]:
+def read_phrases(path: str | Path, weight: float | None = DEFAULT_WEIGHT) -> list[Phrase]:
     """A phrase list: one phrase per line, or `phrase<TAB>weight`; blank lines and lines
     starting with # are skipped (a list of none is no boosting). A bad weight or a missing
-    file is named with its line."""
+    file is named with its line. `weight`: a line's without its own (None: left for the
+    caller to fill)."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -173,9 +174,13 @@ def no_boost(vocab_size: int) -> Automaton:
 def load_boost(path, tokenizer, vocab_size: int, weight: float = DEFAULT_WEIGHT) -> Automaton:
     """A phrase list file as its automaton (`asrkit.decoding.fusion.combine` makes the
     tables a search takes)."""
-    phrases = read_phrases(path, weight)
+    return boost_automaton(read_phrases(path, weight), path, tokenizer, vocab_size)
+
+
+def boost_automaton(phrases: list[Phrase], path, tokenizer, vocab_size: int) -> Automaton:
+    """Read phrases (of the list at `path`, named in messages) as their automaton."""
     if not phrases:
-        warnings.warn(f"--boost {path}: no phrase in it; decoding without boosting", stacklevel=2)
+        warnings.warn(f"--boost {path}: no phrase in it; decoding without boosting", stacklevel=3)
         return no_boost(vocab_size)
     sequences = phrase_sequences(phrases, tokenizer)
     if not sequences:
