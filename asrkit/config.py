@@ -448,6 +448,12 @@ class LossConfig:
     # models) (1 − ctc_weight) × transducer + ctc_weight × CTC. 0 = the head is not trained.
     ctc_weight: float = 0.0
     ctc_interpolate: bool = False
+    # What the CTC loss is divided by when it is not what the transducer's is (NeMo's
+    # hybrids: aux_ctc.ctc_reduction beside rnnt_reduction; null: normalize_by): the
+    # window's loss is then (its transducer sum / its normalize_by count) + (its CTC sum /
+    # its ctc_normalize_by count), both counts over the whole window (exact under
+    # accumulation: the engine totals them before the window's first backward pass).
+    ctc_normalize_by: str | None = None
     # FastEmit (Yu et al. 2021, as NeMo computes it): the gradient of every label emission
     # is scaled by 1 + fastemit_lambda (blanks' are not), the loss reported is
     # (1 + fastemit_lambda) × −log P(y|x). Full RNN-T loss only.
@@ -465,6 +471,13 @@ class LossConfig:
         _one_of(self, "loss", kind=LOSSES)
         if self.ctc_weight < 0:
             raise ValueError(f"loss.ctc_weight must be >= 0, got {self.ctc_weight}")
+        if self.ctc_normalize_by is not None:
+            if self.ctc_normalize_by not in NORMALIZERS[:3]:
+                raise ValueError(f"loss.ctc_normalize_by must be one of {NORMALIZERS[:3]} or "
+                                 f"null, got {self.ctc_normalize_by!r}")  # fmt: skip
+            if self.ctc_weight == 0:
+                raise ValueError("loss.ctc_normalize_by divides the CTC loss: it needs "
+                                 "loss.ctc_weight > 0")  # fmt: skip
         if self.ctc_interpolate and self.ctc_weight > 1:
             raise ValueError(
                 f"loss.ctc_weight must be <= 1 with loss.ctc_interpolate, got {self.ctc_weight}"

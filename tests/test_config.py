@@ -37,6 +37,8 @@ def test_defaults_and_overrides(tmp_path):
         ("loss:\n  delay_penalty: -0.1\n", "loss.delay_penalty must be >= 0"),
         ("loss:\n  kind: pruned\n  delay_penalty: 0.01\n", "with loss.kind=full only"),
         ("loss:\n  ctc_weight: -0.2\n", "loss.ctc_weight must be >= 0"),
+        ("loss:\n  ctc_normalize_by: utterances\n", "needs loss.ctc_weight > 0"),
+        ("loss:\n  ctc_weight: 0.3\n  ctc_normalize_by: frames\n", "ctc_normalize_by must be one"),
         ("model:\n  encoder: {chunk_frames: -4}\n", "chunk_frames must be >= 0"),
         ("model:\n  encoder: {left_chunks: -2}\n", "left_chunks >= -1"),
         ("model:\n  encoder: {kind: lstm, chunk_frames: 4}\n", "chunk_frames does not apply"),

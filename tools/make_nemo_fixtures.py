@@ -40,9 +40,11 @@ and score. Written from the archives alone (`--parts beams`), so the other fixtu
 TDT losses (`tdt_losses.npz`): NeMo's PyTorch reference TDT loss and its gradient on random
 logits (its `.cuda()` calls made no-ops in this script only).
 
-Training steps (`step_*.nemo`, `steps.npz`, `steps.json`): three tiny NeMo models with the
+Training steps (`step_*.nemo`, `steps.npz`, `steps.json`): four tiny NeMo models with the
 published templates' training settings — a Conformer RNN-T (mean_batch, FastEmit), a
-FastConformer TDT (mean_volume, sigma) and a hybrid FastConformer TDT-CTC (CTC weight 0.3)
+FastConformer TDT (mean_volume, sigma), a hybrid FastConformer TDT-CTC (CTC weight 0.3) and
+a hybrid FastConformer RNN-T-CTC whose losses are divided by different counts (mean_volume
+RNN-T, mean_batch CTC, as NeMo's hybrid configs ship them)
 — and NeMo's own `training_step` on the clips with dropout and BatchNorm in eval mode and
 SpecAugment off (NeMo's TDT loss through its PyTorch reference): the loss, every
 parameter's gradient, the parameters after one torch AdamW update, and the gradient NeMo's
@@ -504,6 +506,11 @@ STEP_KINDS = {
     "hybrid_tdt_ctc": (dict(subsampling="dw_striding", subsampling_factor=8, xscaling=False),
                        True, {"rnnt_reduction": "mean_batch",
                               "aux_ctc": {"ctc_loss_weight": 0.3, "ctc_reduction": "mean_batch"}}),
+    # NeMo's hybrid reductions as its configs ship them: each loss divided by its own count
+    "hybrid_rnnt_mixed": (dict(subsampling="dw_striding", subsampling_factor=8, xscaling=False),
+                          False, {"rnnt_reduction": "mean_volume",
+                                  "aux_ctc": {"ctc_loss_weight": 0.3,
+                                              "ctc_reduction": "mean_batch"}}),
 }  # fmt: skip
 STEP_SAMPLES, STEP_TOKENS = 4 * 16000, 16  # per clip, at most (the tokens: 16, 15, ...)
 STEP_OPTIM = {"name": "adamw", "lr": 1e-3, "betas": [0.9, 0.98], "weight_decay": 1e-3}

@@ -218,11 +218,14 @@ def _loss(nemo: dict, source: str, tdt: bool, hybrid: bool, notes: list[str]) ->
         aux = nemo.get("aux_ctc") or {}
         settings.update(ctc_weight=float(aux.get("ctc_loss_weight", 0.5)), ctc_interpolate=True)
         ctc_reduction = aux.get("ctc_reduction", "mean_batch")
-        if REDUCTIONS.get(ctc_reduction) != settings["normalize_by"]:
+        if ctc_reduction not in REDUCTIONS:
             notes.append(
-                f"aux_ctc.ctc_reduction {ctc_reduction!r} differs from rnnt_reduction "
-                f"{reduction!r}: asrkit divides the whole loss one way ({reduction}'s)"
+                f"aux_ctc.ctc_reduction {ctc_reduction!r} divides the CTC loss by no count "
+                f"asrkit trains with: it is divided as the transducer's ({reduction})"
             )
+        elif REDUCTIONS[ctc_reduction] != settings["normalize_by"]:
+            # each divided by its own count over the whole window, as NeMo's hybrid does
+            settings["ctc_normalize_by"] = REDUCTIONS[ctc_reduction]
     try:
         return LossConfig(**settings)
     except ValueError as err:

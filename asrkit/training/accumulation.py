@@ -20,6 +20,11 @@ One call of the train function ("a window") then:
 
 The decision is taken in Python between two compiled functions, on values identical on
 every replica and worker, so no control flow ever surrounds a cross-replica sync point.
+A loss whose terms are divided by different counts (a hybrid's transducer loss by the
+window's tokens, its CTC loss by its utterances: `uses_window_counts`) needs those counts
+before the window's first backward pass: the window's micro-batches are then drawn first
+(their inputs only), their counts totalled over them and every replica (one small
+all-reduce each), and every micro-step is handed the totals.
 On one device without a strategy, a window of one micro-batch needs no accumulators: the
 compiled call that computes its gradient and statistics hands the gradient back, and the
 update call takes it.
@@ -130,8 +135,20 @@ class AccumulatingModel(keras.Model):
         object.__setattr__(self, "_epoch_iterators", [])
 
     def compute_loss_terms(self, data, training: bool = True) -> tuple[tf.Tensor, tf.Tensor]:
-        """Forward pass on one micro-batch shard: (scalar sum of item losses, item count)."""
+        """Forward pass on one micro-batch shard: (scalar sum of item losses, item count).
+        With `uses_window_counts`, also called with `window_counts=`: the totals of
+        `window_counts` over the whole window."""
         raise NotImplementedError(f"{type(self).__name__} must implement compute_loss_terms")
+
+    # A loss that needs counts of the whole window before any of its micro-batches is
+    # differentiated (e.g. two terms divided by two different counts) says so here, and
+    # `window_counts(data)` gives one micro-batch shard's [K] float32 counts: the engine
+    # then draws the window's micro-batches first (their inputs only), totals the counts
+    # over them and every replica, and hands the totals to each micro-step.
+    uses_window_counts = False
+
+    def window_counts(self, data) -> tf.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement window_counts")
 
     # ----------------------------------------------------------------------------- compile
     def compile(
@@ -280,8 +297,15 @@ class AccumulatingModel(keras.Model):
             spec = iterator.element_spec
             if not taking or taking[0] != spec:
                 take = wrap if self.run_eagerly else partial(wrap, input_signature=[spec])
-                taking[:] = [spec, take(self._micro_function), take(self._single_gradient)]
-            return taking[1], taking[2]
+                totals = tf.TensorSpec([None], tf.float32)
+                with_totals = (
+                    wrap if self.run_eagerly else partial(wrap, input_signature=[spec, totals])
+                )
+                taking[:] = [
+                    spec, take(self._micro_function), take(self._single_gradient),
+                    take(self._window_counts), with_totals(self._counted_micro_function),
+                ]  # fmt: skip
+            return taking[1:]
 
         def next_micro_batch(iterator):
             # Drawn here, outside the compiled step: the end of the data is then an eager
@@ -293,15 +317,9 @@ class AccumulatingModel(keras.Model):
                 return None
 
         def window(iterator) -> _WindowStats:
-            micro = functions_for(iterator)[0]
-            consumed = 0
-            while consumed < steps:
-                data = next_micro_batch(iterator)
-                if data is None:
-                    break  # end of the epoch's data: a partial window keeps its own total
-                micro(data)
-                del data
-                consumed += 1
+            consumed = (
+                counted_window(iterator) if self.uses_window_counts else plain_window(iterator)
+            )
             if consumed == 0:
                 raise StopIteration
             stats = reduce()
@@ -313,6 +331,35 @@ class AccumulatingModel(keras.Model):
             else:
                 skip(stats.finite)
             return stats
+
+        def plain_window(iterator) -> int:
+            """Up to `steps` micro-steps, each micro-batch drawn as it is needed."""
+            micro = functions_for(iterator)[0]
+            consumed = 0
+            while consumed < steps:
+                data = next_micro_batch(iterator)
+                if data is None:
+                    break  # end of the epoch's data: a partial window keeps its own total
+                micro(data)
+                del data
+                consumed += 1
+            return consumed
+
+        def counted_window(iterator) -> int:
+            """The window's micro-batches drawn first (inputs only), their counts totalled
+            over them and every replica, then each micro-step with the totals."""
+            _, _, counts, micro = functions_for(iterator)
+            drawn = []
+            while len(drawn) < steps:
+                data = next_micro_batch(iterator)
+                if data is None:
+                    break  # end of the epoch's data: a partial window keeps its own totals
+                drawn.append(data)
+            if drawn:
+                totals = tf.add_n([counts(data) for data in drawn])
+                for data in drawn:
+                    micro(data, totals)
+            return len(drawn)
 
         def single_window(iterator) -> _WindowStats:
             data = next_micro_batch(iterator)
@@ -355,16 +402,30 @@ class AccumulatingModel(keras.Model):
             micro_step = _per_replica_compiled(micro_step)
         self.distribute_strategy.run(micro_step, args=(data,))
 
+    def _window_counts(self, data) -> tf.Tensor:
+        """`window_counts` of a global micro-batch, summed over every replica (and worker)."""
+        strategy = self.distribute_strategy
+        local = strategy.run(self.window_counts, args=(data,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None)
+
+    def _counted_micro_function(self, data, totals) -> None:
+        """`_micro_function` with the window's count totals."""
+        micro_step = self._micro_step
+        if self._accumulation.jit_compile:
+            micro_step = _per_replica_compiled(micro_step)
+        self.distribute_strategy.run(micro_step, args=(data, totals))
+
     def _reduce_function(self) -> _WindowStats:
         """The window's single all-reduce; returns replica 0's (identical) statistics."""
         strategy = self.distribute_strategy
         reduced = strategy.run(self._reduce_window)
         return _WindowStats(*(strategy.experimental_local_results(v)[0] for v in reduced))
 
-    def _micro_step(self, data):
-        """Replica context: accumulate d(loss_scale · loss_sum)/dw; no collective, no branch."""
+    def _micro_step(self, data, totals=None):
+        """Replica context: accumulate d(loss_scale · loss_sum)/dw; no collective, no branch.
+        `totals`: the window's count totals (`uses_window_counts`)."""
         engine = self._engine
-        grads, loss_sum, count = self._gradient(data)
+        grads, loss_sum, count = self._gradient(data, totals=totals)
         # A replica's share of a micro-batch smaller than the replica count is empty. Some
         # kernels (TensorFlow's CPU depthwise-convolution filter gradient among them) then
         # return their output buffer unwritten: finite garbage that no finiteness check
@@ -379,7 +440,7 @@ class AccumulatingModel(keras.Model):
         engine.loss_sum.assign_add(tf.where(present, loss_sum, 0.0))
         engine.count.assign_add(tf.where(present, count, 0.0))
 
-    def _gradient(self, data, per_item: bool = False):
+    def _gradient(self, data, per_item: bool = False, totals=None):
         """Replica context: (float32 d loss_sum / dw per trainable variable, None where a
         variable has none; loss_sum; count) of one micro-batch share. `per_item`: the
         gradient of loss_sum / count instead (0 for no items), the division taken on the
@@ -387,7 +448,11 @@ class AccumulatingModel(keras.Model):
         engine = self._engine
         variables = self.trainable_variables
         with tf.GradientTape() as tape:
-            loss_sum, count = self.compute_loss_terms(data, training=True)
+            if totals is None:
+                loss_sum, count = self.compute_loss_terms(data, training=True)
+            else:
+                loss_sum, count = self.compute_loss_terms(data, training=True,
+                                                          window_counts=totals)  # fmt: skip
             loss_sum = tf.cast(loss_sum, tf.float32)
             count = tf.cast(count, tf.float32)
             if self._accumulation.loss_scale.enabled:

@@ -84,7 +84,27 @@ class TransducerTask(AccumulatingModel):
         encoded, _ = network.encode(batch[0], batch[1])
         heads.simple(encoded, network.predict_labels(batch[2]))
 
-    def compute_loss_terms(self, data, training=True):
+    @property
+    def uses_window_counts(self) -> bool:
+        """A CTC loss divided by another count than the transducer's (loss.ctc_normalize_by)."""
+        loss = self.loss_config
+        return loss.ctc_weight > 0 and loss.ctc_normalize_by not in (None, loss.normalize_by)
+
+    def window_counts(self, data):
+        """This micro-batch shard's [transducer count, CTC count] (see compute_loss_terms)."""
+        label_lengths, loss = data[3], self.loss_config
+        zeros = tf.zeros(tf.shape(label_lengths), tf.float32)
+        counts = [tf.cast(normalized_terms(zeros, label_lengths, by)[1], tf.float32)
+                  for by in (loss.normalize_by, loss.ctc_normalize_by)]  # fmt: skip
+        return tf.stack(counts)
+
+    def compute_loss_terms(self, data, training=True, window_counts=None):
+        """(Σ item losses, count) of one micro-batch shard. With `uses_window_counts`, the CTC
+        sum enters scaled by the window's transducer count over its CTC count
+        (`window_counts`, totalled by the engine over the window's micro-batches and
+        replicas; this shard's own without them: exact for a window of one micro-batch), so
+        that the window's sum over its transducer count is (transducer sum / its count) +
+        (CTC sum / its count)."""
         features, feature_lengths, labels, label_lengths = data[:4]
         network, loss = self.network, self.loss_config
         self.build_heads(features.shape[-1])  # the fused path skips the joint's call
@@ -106,6 +126,13 @@ class TransducerTask(AccumulatingModel):
                 blank=BLANK_ID,
             )  # fmt: skip
             kept = 1.0 - loss.ctc_weight if loss.ctc_interpolate else 1.0
+            if self.uses_window_counts:
+                own, count = normalized_terms(kept * losses, label_lengths, loss.normalize_by)
+                ctc_sum, _ = normalized_terms(loss.ctc_weight * ctc, label_lengths,
+                                              loss.ctc_normalize_by)  # fmt: skip
+                totals = self.window_counts(data) if window_counts is None else window_counts
+                ratio = tf.math.divide_no_nan(totals[0], totals[1])
+                return own + tf.cast(ratio, own.dtype) * ctc_sum, count
             losses = kept * losses + loss.ctc_weight * ctc
         return normalized_terms(losses, label_lengths, loss.normalize_by)
 

@@ -191,3 +191,82 @@ def test_the_pruned_loss_is_the_same_fused_or_plain():
     for got, want in zip(results[1], results[0], strict=True):
         got, want = tf.convert_to_tensor(got), tf.convert_to_tensor(want)  # embeddings: slices
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+class _Recorder(keras.optimizers.Optimizer):
+    """An optimizer that only keeps the gradient it is applied with."""
+
+    def build(self, var_list):
+        if self.built:
+            return
+        super().build(var_list)
+        self.seen = [self.add_variable_from_reference(v, name="seen") for v in var_list]
+
+    def update_step(self, gradient, variable, learning_rate):
+        from asrkit.training.keras_hooks import variable_index
+
+        self.assign(self.seen[variable_index(self, variable)], gradient)
+
+
+def _rows(batch, rows):
+    features, lengths, labels, label_lengths = batch
+    return features[rows], lengths[rows], labels[rows], label_lengths[rows]
+
+
+def _padded_union(parts):
+    frames = max(p[0].shape[1] for p in parts)
+    width = max(p[2].shape[1] for p in parts)
+    return (
+        np.concatenate(
+            [np.pad(p[0], ((0, 0), (0, frames - p[0].shape[1]), (0, 0))) for p in parts]
+        ),
+        np.concatenate([p[1] for p in parts]),
+        np.concatenate([np.pad(p[2], ((0, 0), (0, width - p[2].shape[1]))) for p in parts]),
+        np.concatenate([p[3] for p in parts]),
+    )
+
+
+def test_a_ctc_loss_divided_by_utterances_beside_tokens_is_exact_over_a_window():
+    """NeMo's hybrid reductions (the transducer's sum over the tokens, the CTC's over the
+    utterances): the loss of a batch is (1 - w) Σ transducer / tokens + w Σ CTC / utterances
+    (the plain task's sum and `ctc_losses`, independently), and a window of three
+    micro-batches whose tokens-per-utterance differ (4, 1.5, 2.33) applies, variable by
+    variable, the gradient of their union — the CTC head's too, whose whole gradient is
+    the CTC term's."""
+    hybrid = dataclasses.replace(tiny_model_config(), ctc_head=True)
+    mixed = LossConfig(ctc_weight=0.4, ctc_interpolate=True, ctc_normalize_by="utterances")
+    keras.utils.set_random_seed(0)
+    task = TransducerTask(Transducer(9, hybrid), mixed)
+    task.build_heads(80)
+    plain = TransducerTask(Transducer(9, hybrid), LossConfig())
+    plain.build_heads(80)
+    plain.network.set_weights(task.network.get_weights())
+    batch = _batch(3)
+    total, count = task.compute_loss_terms(batch, training=False)
+    transducer, tokens = plain.compute_loss_terms(batch, training=False)
+    encoded, lengths = task.network.encode(batch[0], batch[1])
+    ctc = ctc_losses(task.network.ctc_logits(encoded), batch[2], lengths, batch[3], blank=0)
+    want = 0.6 * float(transducer) / int(tokens) + 0.4 * float(tf.reduce_sum(ctc)) / 3
+    assert int(count) == int(tokens) == 7
+    assert float(total) / int(count) == pytest.approx(want, rel=1e-5)
+
+    other = _batch(4)
+    parts = [_rows(batch, slice(0, 1)), _rows(batch, slice(1, 3)), other]
+    applied = {}
+    for name, steps, data in (("window", 3, parts), ("union", 1, [_padded_union(parts)])):
+        keras.utils.set_random_seed(0)
+        run = TransducerTask(Transducer(9, hybrid), mixed)
+        run.build_heads(80)
+        run.network.set_weights(task.network.get_weights())
+        recorder = _Recorder(learning_rate=1.0, name="recorder")
+        run.compile(recorder, accumulation_steps=steps, clip_global_norm=None)
+        spec = tuple(tf.TensorSpec([None] * (x.ndim - 1) + [x.shape[-1] if x.ndim == 3 else None],
+                                   tf.as_dtype(x.dtype)) for x in data[0])  # fmt: skip
+        dataset = tf.data.Dataset.from_generator(lambda data=data: iter(data),
+                                                 output_signature=spec)  # fmt: skip
+        run.fit(dataset, epochs=1, verbose=0)
+        applied[name] = [v.numpy() for v in recorder.seen]
+        names = [v.path for v in run.trainable_variables]
+    for name, got, want in zip(names, applied["window"], applied["union"], strict=True):
+        assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want) + 1e-9, name
+    assert any("ctc" in name for name in names)

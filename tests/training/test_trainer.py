@@ -706,6 +706,20 @@ def test_verify_accumulation_passes_with_an_auxiliary_ctc_loss(workdir, interpol
     assert report.passed and report.max_relative_difference < 1e-5
 
 
+@pytest.mark.parametrize("strategy", ["auto", "mirrored"])
+def test_verify_accumulation_passes_with_the_ctc_loss_divided_by_another_count(workdir, strategy):
+    """NeMo's hybrids divide the transducer loss by the window's tokens and the CTC loss by
+    its utterances: 3 micro-batches (on 2 replicas too) still make their union's update —
+    each micro-step weighs its CTC sum by the whole window's tokens over its utterances,
+    totalled before the first backward pass (one micro-batch's own counts would make
+    another update: their ratio differs from micro-batch to micro-batch). NeMo's own
+    gradient of such a loss: tests/importers/test_nemo_training.py."""
+    mixed = ["model.ctc_head=true", "loss.ctc_weight=0.5", "loss.ctc_interpolate=true",
+             f"train.strategy={strategy}"]  # fmt: skip
+    report = _verify(workdir, *mixed, "loss.ctc_normalize_by=utterances")
+    assert report.passed and report.max_relative_difference < 1e-5, report
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "chunks",
