@@ -52,6 +52,11 @@ def adopt_assets(config: ExperimentConfig, exp_dir: str | os.PathLike) -> Experi
     directories absolute."""
     exp_dir = Path(exp_dir)
     data = config.data
+    # every source checked before anything is copied: a missing one leaves no partial copy
+    for key, source, target in (("data.cmvn", data.cmvn, exp_dir / CMVN_FILE),
+                                ("data.plan", data.plan, exp_dir / PLAN_FILE)):  # fmt: skip
+        if source and Path(source).resolve() != target.resolve() and not Path(source).is_file():
+            raise FileNotFoundError(f"{key}: {source} missing")
     _adopt_tokenizer(Path(data.tokenizer), exp_dir / TOKENIZER_DIR)
     cmvn = None
     if data.cmvn:

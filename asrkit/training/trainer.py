@@ -176,10 +176,16 @@ def _open_run(config: ExperimentConfig, exp_dir: Path, strategy, log) -> _Run:
     # Every worker writes checkpoints (saving can need collectives), only the chief where
     # they are kept; the others write to a scratch directory and log nothing.
     save_dir = exp_dir if chief else exp_dir / f".worker-{worker}"
+    created = not save_dir.exists()
     save_dir.mkdir(parents=True, exist_ok=True)
     recorded = config
     if chief:
-        recorded = adopt_assets(config, exp_dir)
+        try:
+            recorded = adopt_assets(config, exp_dir)
+        except BaseException:
+            if created:  # a run refused at the start leaves no experiment directory behind
+                shutil.rmtree(save_dir, ignore_errors=True)
+            raise
         config = resolve_assets(recorded, exp_dir)
     else:
         log = _silent

@@ -492,6 +492,15 @@ def test_a_retrained_tokenizer_cannot_silently_change_an_experiment(workdir, tmp
         adopt_assets(config, tmp_path / "exp")
 
 
+def test_a_run_refused_for_a_missing_asset_leaves_nothing_behind(workdir, tmp_path):
+    """A config naming a CMVN file that is not there: the run stops naming it, and neither
+    the experiment directory nor a copy of the tokenizer is left behind."""
+    config = load_config(workdir / "conf.yaml", [f"data.cmvn={tmp_path / 'nowhere.json'}"])
+    with pytest.raises(FileNotFoundError, match=r"data\.cmvn: .*nowhere\.json missing"):
+        train(config, tmp_path / "exp", log=lambda *_: None)
+    assert not (tmp_path / "exp").exists()
+
+
 def _verify(workdir, *overrides, config="conf.yaml", floor=False):
     from asrkit.training.verify import verify_accumulation
 
