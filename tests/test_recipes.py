@@ -222,7 +222,8 @@ def test_finetune_recipe_with_lora_trains_factors_and_a_new_vocabularys_weights(
     """`--lora 2 --tokenizer new` on the NeMo fixture: the checkpoints hold the encoder's
     weights as imported and LoRA factors beside them, the new vocabulary's weights trained
     in full; the averaged model (merged) decodes and exports."""
-    from asrkit.checkpoints import list_checkpoints, read_weights
+    from asrkit.checkpoints import checkpoint_base, list_checkpoints, read_weights
+    from asrkit.config import load_config
     from asrkit.data.synthetic import make_synthetic_corpus
 
     make_synthetic_corpus(tmp_path / "corpus", "tiny", seed=3, show_progress=False)
@@ -242,6 +243,11 @@ def test_finetune_recipe_with_lora_trains_factors_and_a_new_vocabularys_weights(
             np.testing.assert_array_equal(last[name], value, err_msg=name)  # frozen
     assert not np.array_equal(first["joint.output_layer.kernel"], last["joint.output_layer.kernel"])
     assert not any("lora" in k for k in read_weights(work / "exp/best"))  # merged
+    # base-backed: the frozen weights are the imported base's, named by its path
+    ref = checkpoint_base(list_checkpoints(work / "exp/checkpoints")[-1])
+    assert ref is not None and ref.path.startswith(str((work / "pretrained").resolve()))
+    assert "encoder.blocks.0.attention.qkv.kernel" in ref.names
+    assert load_config(work / "exp/config.yaml").train.learning_rate == 1e-3
     assert (work / "exp/decode_after/test/wer.json").is_file()
     assert (work / "exp/saved_model/saved_model.pb").is_file()
 
