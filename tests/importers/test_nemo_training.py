@@ -29,9 +29,9 @@ from asrkit.importers.nemo_archive import read_nemo
 from asrkit.importers.nemo_model import import_nemo
 from asrkit.importers.nemo_weights import assign_nemo_transducer
 from asrkit.losses import rnnt_loss
-from asrkit.training.keras_hooks import variable_index
 from asrkit.training.optimizers import build_optimizer
 from asrkit.training.task import TransducerTask
+from tests.recording import Recorder
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests/data/nemo"
@@ -209,19 +209,6 @@ def test_one_adamw_update_on_those_gradients_is_torchs(imported, name):
     assert moved == pytest.approx(LEARNING_RATE, rel=0.01)  # Adam's first step: about ±lr
 
 
-class _Recorder(keras.optimizers.Optimizer):
-    """An optimizer that only keeps the gradient it is applied with."""
-
-    def build(self, var_list):
-        if self.built:
-            return
-        super().build(var_list)
-        self.seen = [self.add_variable_from_reference(v, name="seen") for v in var_list]
-
-    def update_step(self, gradient, variable, learning_rate):
-        self.assign(self.seen[variable_index(self, variable)], gradient)
-
-
 @pytest.mark.parametrize(
     "name",
     [pytest.param("conformer_rnnt", marks=pytest.mark.slow),  # ~3 s each
@@ -243,7 +230,7 @@ def test_two_micro_batches_update_as_nemos_union_not_as_nemos_accumulation(impor
                             experiment.network.vocab_size)  # fmt: skip
     network.set_weights(experiment.network.get_weights())
     task = TransducerTask(network, experiment.config.loss)
-    recorder = _Recorder(learning_rate=1.0, name="recorder")
+    recorder = Recorder(learning_rate=1.0, name="recorder")
     task.compile(recorder, accumulation_steps=2, clip_global_norm=None)
     split = META[name]["split"]
     parts = [_batch(name, rows) for rows in (slice(0, split), slice(split, None))]

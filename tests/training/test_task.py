@@ -15,6 +15,7 @@ from asrkit.losses import ctc_losses
 from asrkit.models.conformer import dynamic_chunk_frames, lookahead_chunk_frames
 from asrkit.models.transducer import Transducer
 from asrkit.training.task import TransducerTask
+from tests.recording import Recorder
 from tests.tiny import tiny_model_config
 
 
@@ -193,21 +194,6 @@ def test_the_pruned_loss_is_the_same_fused_or_plain():
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
 
 
-class _Recorder(keras.optimizers.Optimizer):
-    """An optimizer that only keeps the gradient it is applied with."""
-
-    def build(self, var_list):
-        if self.built:
-            return
-        super().build(var_list)
-        self.seen = [self.add_variable_from_reference(v, name="seen") for v in var_list]
-
-    def update_step(self, gradient, variable, learning_rate):
-        from asrkit.training.keras_hooks import variable_index
-
-        self.assign(self.seen[variable_index(self, variable)], gradient)
-
-
 def _rows(batch, rows):
     features, lengths, labels, label_lengths = batch
     return features[rows], lengths[rows], labels[rows], label_lengths[rows]
@@ -258,7 +244,7 @@ def test_a_ctc_loss_divided_by_utterances_beside_tokens_is_exact_over_a_window()
         run = TransducerTask(Transducer(9, hybrid), mixed)
         run.build_heads(80)
         run.network.set_weights(task.network.get_weights())
-        recorder = _Recorder(learning_rate=1.0, name="recorder")
+        recorder = Recorder(learning_rate=1.0, name="recorder")
         run.compile(recorder, accumulation_steps=steps, clip_global_norm=None)
         spec = tuple(tf.TensorSpec([None] * (x.ndim - 1) + [x.shape[-1] if x.ndim == 3 else None],
                                    tf.as_dtype(x.dtype)) for x in data[0])  # fmt: skip
