@@ -484,16 +484,10 @@ def _nemo(request: dict) -> dict:
 def _nemo_with_adapters(path: str, dim: int):
     """The model with NeMo's LinearAdapter of `dim` units on its encoder (every block, as
     NeMo's adapter tutorial adds it), enabled, and everything else frozen."""
-    from nemo.collections.asr.models import EncDecRNNTBPEModel
+    from make_nemo_fixtures import restore_with_adapter_encoder
     from nemo.collections.common.parts.adapter_modules import LinearAdapterConfig
-    from nemo.core import adapter_mixins
-    from omegaconf import open_dict
 
-    cfg = EncDecRNNTBPEModel.restore_from(path, return_config=True, map_location="cpu")
-    with open_dict(cfg):
-        cfg.encoder._target_ = adapter_mixins.get_registered_adapter(
-            cfg.encoder._target_).adapter_class_path  # fmt: skip
-    model = EncDecRNNTBPEModel.restore_from(path, override_config_path=cfg, map_location="cpu")
+    model = restore_with_adapter_encoder(path)
     d_model = model.cfg.encoder.d_model
     model.add_adapter(name="encoder:ft", cfg=LinearAdapterConfig(in_features=d_model, dim=dim))
     model.set_enabled_adapters(name="encoder:ft", enabled=True)

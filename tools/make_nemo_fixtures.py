@@ -842,6 +842,20 @@ def _nemo_stream(model, wave, buffer_class):
     return chunks, [int(t) for t in hypotheses[0].y_sequence]
 
 
+def restore_with_adapter_encoder(path: str):
+    """A `.nemo` RNN-T restored with its encoder as NeMo's adapter-capable class (what
+    `add_adapter` on the encoder needs)."""
+    from nemo.collections.asr.models import EncDecRNNTBPEModel
+    from nemo.core import adapter_mixins
+    from omegaconf import open_dict
+
+    cfg = EncDecRNNTBPEModel.restore_from(path, return_config=True, map_location="cpu")
+    with open_dict(cfg):
+        cfg.encoder._target_ = adapter_mixins.get_registered_adapter(
+            cfg.encoder._target_).adapter_class_path  # fmt: skip
+    return EncDecRNNTBPEModel.restore_from(path, override_config_path=cfg, map_location="cpu")
+
+
 def adapters(out: Path) -> None:
     """The committed `rnnt.nemo` with NeMo's linear adapters (`adapters.nemo`): restored
     with its encoder as NeMo's ConformerEncoderAdapter, a LinearAdapter `ft` of 8 units
@@ -853,15 +867,8 @@ def adapters(out: Path) -> None:
     import torch
     from nemo.collections.asr.models import EncDecRNNTBPEModel
     from nemo.collections.common.parts.adapter_modules import LinearAdapterConfig
-    from nemo.core import adapter_mixins
-    from omegaconf import open_dict
 
-    source = str(out / "rnnt.nemo")
-    cfg = EncDecRNNTBPEModel.restore_from(source, return_config=True, map_location="cpu")
-    with open_dict(cfg):
-        cfg.encoder._target_ = adapter_mixins.get_registered_adapter(
-            cfg.encoder._target_).adapter_class_path  # fmt: skip
-    model = EncDecRNNTBPEModel.restore_from(source, override_config_path=cfg, map_location="cpu")
+    model = restore_with_adapter_encoder(str(out / "rnnt.nemo"))
     d_model = model.cfg.encoder.d_model
     model.add_adapter(name="encoder:ft", cfg=LinearAdapterConfig(in_features=d_model, dim=8))
     model.add_adapter(name="encoder:off", cfg=LinearAdapterConfig(in_features=d_model, dim=4))
