@@ -55,8 +55,8 @@ def adopt_assets(config: ExperimentConfig, exp_dir: str | os.PathLike) -> Experi
     # every source checked before anything is copied: a missing one leaves no partial copy
     for key, source, target in (("data.cmvn", data.cmvn, exp_dir / CMVN_FILE),
                                 ("data.plan", data.plan, exp_dir / PLAN_FILE)):  # fmt: skip
-        if source and Path(source).resolve() != target.resolve() and not Path(source).is_file():
-            raise FileNotFoundError(f"{key}: {source} missing")
+        if source:
+            _check_source(Path(source), target, key)
     _adopt_tokenizer(Path(data.tokenizer), exp_dir / TOKENIZER_DIR)
     cmvn = None
     if data.cmvn:
@@ -99,11 +99,16 @@ def _adopt_tokenizer(source: Path, target: Path) -> None:
     os.replace(tmp, target)
 
 
+def _check_source(source: Path, target: Path, key: str) -> None:
+    """A file an experiment adopts exists (or is its own copy already)."""
+    if source.resolve() != target.resolve() and not source.is_file():
+        raise FileNotFoundError(f"{key}: {source} missing")
+
+
 def _adopt_file(source: Path, target: Path, key: str) -> None:
+    _check_source(source, target, key)
     if source.resolve() == target.resolve():
         return
-    if not source.is_file():
-        raise FileNotFoundError(f"{key}: {source} missing")
     if target.exists():
         if not filecmp.cmp(source, target, shallow=False):
             raise ExperimentError(
