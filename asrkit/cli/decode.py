@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         check_shards(args.shards, config, tokenizer)
         report = decode_shards(
             network, args.shards, tokenizer, pipeline_config(config), experiment.normalizer,
-            options, config.features.num_mel_bins, args.normalizer, boost,
+            options, config.features.num_mel_bins, args.normalizer, boost, config.features,
         )  # fmt: skip
     else:
         report = decode_manifest(

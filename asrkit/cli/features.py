@@ -17,6 +17,12 @@ def register(subparsers) -> None:
     extract.add_argument("--out", required=True, help="directory for the shards")
     extract.add_argument("--shards", type=int, default=8)
     extract.add_argument("--speeds", default="1.0", help="speed factors, e.g. 0.9,1.0,1.1")
+    extract.add_argument(
+        "--store", choices=("features", "audio"), default="features",
+        help="what the shards hold: log-mel frames (each speed a record), or the audio as "
+             "FLAC (features computed while training reads them, one of --speeds drawn per "
+             "utterance per epoch; about the size of the FLAC)",
+    )  # fmt: skip
     extract.add_argument("--workers", type=int, default=2)
     extract.add_argument(
         "--allow-unknown", action="store_true",
@@ -87,6 +93,7 @@ def run_extract(args: argparse.Namespace) -> int:
         workers=args.workers,
         join=join,
         allow_unknown=args.allow_unknown,
+        store=args.store,
     )
     print(
         f"{summary.utterances} utterances, {summary.frames} frames in "

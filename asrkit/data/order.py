@@ -42,6 +42,7 @@ class RecordIndex(NamedTuple):
     frames: np.ndarray  # [N] int64
     tokens: np.ndarray  # [N] int64
     unusable: int  # records left out by `keep`
+    samples: np.ndarray | None = None  # [N] int64, audio shards: each record's samples
 
 
 @dataclass(frozen=True)
@@ -98,29 +99,32 @@ def record_offsets(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 def index_records(files: list[str], frames_of, keep) -> RecordIndex:
     """Joins each shard's byte offsets with its side file's counts; `frames_of(file)` gives
-    (frames, tokens) arrays, `keep(frames, tokens)` the usable records."""
+    (frames, tokens, samples or None) arrays, `keep(frames, tokens, samples)` the usable
+    records."""
     parts, unusable = [], 0
     for number, path in enumerate(files):
         offsets, sizes = record_offsets(path)
-        frames, tokens = frames_of(path)
+        frames, tokens, samples = frames_of(path)
+        samples = np.full(len(frames), -1, np.int64) if samples is None else samples
         if len(frames) != len(offsets):
             raise ValueError(
                 f"{path}: {len(offsets)} records but its lengths.json lists {len(frames)}; "
                 "delete the shard and its side files and re-run `asrkit features extract`"
             )
-        usable = np.asarray(keep(frames, tokens), bool)
+        usable = np.asarray(keep(frames, tokens, samples), bool)
         parts.append((np.full(usable.sum(), number, np.int32), offsets[usable], sizes[usable],
-                      frames[usable], tokens[usable]))  # fmt: skip
+                      frames[usable], tokens[usable], samples[usable]))  # fmt: skip
         unusable += int((~usable).sum())
     if not parts:
         raise ValueError("no shard files")
-    stacked = [np.concatenate([p[i] for p in parts]) for i in range(5)]
-    return RecordIndex(list(files), *stacked, unusable)
+    stacked = [np.concatenate([p[i] for p in parts]) for i in range(6)]
+    samples = stacked.pop()
+    return RecordIndex(list(files), *stacked, unusable, None if (samples < 0).any() else samples)
 
 
 def index_bytes(index: RecordIndex) -> int:
-    return sum(a.nbytes for a in (index.file, index.offset, index.size, index.frames,
-                                  index.tokens))  # fmt: skip
+    arrays = (index.file, index.offset, index.size, index.frames, index.tokens, index.samples)
+    return sum(a.nbytes for a in arrays if a is not None)
 
 
 def shards_digest(files: list[str]) -> str:

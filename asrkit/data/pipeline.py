@@ -21,6 +21,13 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.config import ExperimentConfig
+from asrkit.data.audio_shards import (
+    OnTheFly,
+    epoch_frames,
+    epoch_speeds,
+    fastest_frames,
+    slowest_frames,
+)
 from asrkit.data.order import RecordIndex, epoch_order, index_records, order_seed
 from asrkit.data.records import lengths_index, parse_example
 from asrkit.errors import InputError
@@ -147,20 +154,28 @@ def _uniform_int(seed, low, high, salt: int) -> tf.Tensor:
     return tf.random.stateless_uniform([], seed, minval=low, maxval=high, dtype=tf.int32)
 
 
-def index_shards(files: list[str], encoder=None, name: str | None = None) -> RecordIndex:
-    """The usable records of `files` (enough frames of `encoder` for their tokens), located
-    by byte offset, with their counts from the `*.lengths.json` side files. With `name`
-    (the shard directory, for the message) an index with no usable record is an
-    `InputError`."""
+def index_shards(
+    files: list[str], encoder=None, name: str | None = None, audio: OnTheFly | None = None
+) -> RecordIndex:
+    """The usable records of `files` (enough frames of `encoder` for their tokens; audio
+    shards read with `audio`: at the fastest speed), located by byte offset, with their
+    counts from the `*.lengths.json` side files. With `name` (the shard directory, for the
+    message) an index with no usable record is an `InputError`."""
 
     def counts(path):
         index = lengths_index(path)
-        return np.asarray(index["frames"], np.int64), np.asarray(index["tokens"], np.int64)
+        samples = index.get("samples")
+        return (np.asarray(index["frames"], np.int64), np.asarray(index["tokens"], np.int64),
+                None if samples is None else np.asarray(samples, np.int64))  # fmt: skip
 
-    def keep(frames, tokens):
+    def keep(frames, tokens, samples):
+        if audio is not None:
+            frames = fastest_frames(samples, audio)
         return enough_frames(frames, tokens, encoder)
 
     index = index_records(sorted(str(f) for f in files), counts, keep)
+    if audio is not None and index.samples is not None:  # what plans buckets and memory
+        index = index._replace(frames=slowest_frames(index.samples, audio))
     if name is not None and index.frames.size == 0:
         factor = 4 if encoder is None else encoder.frames_per_output
         raise InputError(
@@ -198,6 +213,28 @@ def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.with_options(_OPTIONS)
 
 
+def epoch_speeds_of(
+    index: RecordIndex, audio: OnTheFly | None, *, training: bool, seed: int, epoch: int
+) -> np.ndarray:
+    """Each record's speed factor in this epoch: drawn from `audio.speeds` in training,
+    1 otherwise (and for feature shards, whose speeds are separate records)."""
+    if audio is None or not training:
+        return np.ones(len(index.frames))
+    return epoch_speeds(len(index.frames), audio.speeds, order_seed(seed, epoch))
+
+
+def epoch_lengths(
+    index: RecordIndex, audio: OnTheFly | None, *, training: bool, seed: int, epoch: int
+) -> np.ndarray:
+    """Each record's feature frames in this epoch (audio shards: at its drawn speed)."""
+    if audio is None:
+        return index.frames
+    if index.samples is None:
+        raise InputError(f"{index.files[0]}: not an audio shard (no sample counts)")
+    speeds = epoch_speeds_of(index, audio, training=training, seed=seed, epoch=epoch)
+    return epoch_frames(index.samples, speeds, audio.features)
+
+
 def make_dataset(
     files: list[str],
     config: PipelineConfig,
@@ -211,13 +248,18 @@ def make_dataset(
     num_mel_bins: int = 80,
     normalize=None,
     index: RecordIndex | None = None,
+    audio: OnTheFly | None = None,
 ) -> tf.data.Dataset:
     """Micro-batches of `Batch` in `epoch_order` (training: shuffled and augmented as a
     function of (seed, epoch); otherwise file order, as they are). Records are read by byte
     offset, micro-batch by micro-batch, starting after `skip_batches`: nothing before it is
-    read. Pass `index` (from `index_shards`) to save re-scanning the shard headers."""
-    index = index if index is not None else index_shards(files)
-    plan = epoch_order(index.frames, boundaries, batch_sizes, seed=seed, epoch=epoch,
+    read. Pass `index` (from `index_shards`) to save re-scanning the shard headers. Audio
+    shards need `audio`: their features are computed here, at the epoch's speeds."""
+    index = index if index is not None else index_shards(files, audio=audio)
+    when = {"training": training, "seed": seed, "epoch": epoch}
+    frames = epoch_lengths(index, audio, **when)
+    speeds = epoch_speeds_of(index, audio, **when).astype(np.float32)
+    plan = epoch_order(frames, boundaries, batch_sizes, seed=seed, epoch=epoch,
                        shuffle=training)[skip_batches:]  # fmt: skip
     key_seed = order_seed(seed, epoch)
     augment = config.spec_augment if training else None
@@ -227,11 +269,12 @@ def make_dataset(
         with _RecordReader(index.files) as reader:
             for number, batch in enumerate(plan):
                 for i in batch:
-                    yield reader.read(index.file[i], index.offset[i], index.size[i]), i, number
+                    record = reader.read(index.file[i], index.offset[i], index.size[i])
+                    yield record, i, number, speeds[i]
 
-    def prepare(record, position, number):
+    def prepare(record, position, number, speed):
         # The transcript is for scoring (decoding), not training.
-        e = _without_text(parse_example(record, num_mel_bins))
+        e = _without_text(parse_example(record, num_mel_bins, audio, speed))
         key = tf.stack([tf.constant(key_seed, tf.int64), position])
         features = e["features"]
         if warp > 0:
@@ -251,7 +294,7 @@ def make_dataset(
     dataset = tf.data.Dataset.from_generator(
         read,
         output_signature=(tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64),
-                          tf.TensorSpec([], tf.int64)),
+                          tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.float32)),
     )  # fmt: skip
     dataset = dataset.map(prepare, num_parallel_calls=_PARALLEL, deterministic=True)
     # A micro-batch's utterances arrive together and fill its window exactly: each window

@@ -1,11 +1,14 @@
-"""Features and token ids as sharded TFRecords, so training reads with native TF ops only.
+"""Features (or audio) and token ids as sharded TFRecords.
 
 Each record: `id` (bytes), `features` (serialized float32 [T, F]), `labels` (int64 [U]),
 `text` (the transcript as written, what decoding scores against), `duration` (float,
-seconds after speed perturbation). A transcript with a character the tokenizer can only
-encode as `<unk>` is refused, by utterance, before any shard. Shards are written by parallel
-threads (TF's kernels release the GIL), each to a temporary file renamed when complete:
-a rerun skips the shards that exist, so an interrupted extraction resumes.
+seconds after speed perturbation). Audio shards (`store="audio"`,
+`asrkit.data.audio_shards`) hold `audio` (FLAC bytes) and `samples` instead of `features`,
+one record per utterance, its speed drawn per epoch. A transcript with a character the
+tokenizer can only encode as `<unk>` is refused, by utterance, before any shard. Shards
+are written by parallel threads (TF's kernels release the GIL), each to a temporary file
+renamed when complete: a rerun skips the shards that exist, so an interrupted extraction
+resumes.
 
 `shards.json` beside them records a fingerprint (the feature settings, the tokenizer's
 identity and the speed factors); training, decoding and a rerun of extraction refuse
@@ -26,10 +29,11 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.config import ExperimentConfig, FeatureConfig
+from asrkit.data.audio_shards import STORES, OnTheFly, audio_features, encode_flac, on_the_fly
 from asrkit.data.joining import JoinedUtterance, JoinSettings, join_consecutive
 from asrkit.data.manifest import Utterance, read_manifest, read_utterance
 from asrkit.errors import UserError
-from asrkit.features import log_mel, perturb_speed
+from asrkit.features import log_mel, num_frames, perturb_speed
 from asrkit.progress import progress
 from asrkit.tokenizer import Tokenizer
 
@@ -63,16 +67,37 @@ def serialize_example(
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def parse_example(record: tf.Tensor, num_mel_bins: int) -> dict:
+def serialize_audio_example(
+    utt_id: str, audio: bytes, samples: int, labels: list[int], duration: float, text: str
+):
+    feature = {
+        "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()])),
+        "id": tf.train.Feature(bytes_list=tf.train.BytesList(value=[utt_id.encode()])),
+        "audio": tf.train.Feature(bytes_list=tf.train.BytesList(value=[audio])),
+        "samples": tf.train.Feature(int64_list=tf.train.Int64List(value=[samples])),
+        "labels": tf.train.Feature(int64_list=tf.train.Int64List(value=list(labels))),
+        "duration": tf.train.Feature(float_list=tf.train.FloatList(value=[duration])),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def parse_example(
+    record: tf.Tensor, num_mel_bins: int, audio: OnTheFly | None = None, speed=1.0
+) -> dict:
+    """A record -> its fields and [T, F] features; from an audio shard (`audio` says how)
+    the features of its audio at `speed`."""
     spec = {
         "id": tf.io.FixedLenFeature([], tf.string),
-        "features": tf.io.FixedLenFeature([], tf.string),
         "labels": tf.io.VarLenFeature(tf.int64),
         "duration": tf.io.FixedLenFeature([], tf.float32),
         "text": tf.io.FixedLenFeature([], tf.string, default_value=""),
     }
+    spec["audio" if audio is not None else "features"] = tf.io.FixedLenFeature([], tf.string)
     parsed = tf.io.parse_single_example(record, spec)
-    features = tf.io.parse_tensor(parsed["features"], tf.float32)
+    if audio is not None:
+        features = audio_features(parsed["audio"], tf.cast(speed, tf.float32), audio.features)
+    else:
+        features = tf.io.parse_tensor(parsed["features"], tf.float32)
     features = tf.ensure_shape(features, [None, num_mel_bins])
     labels = tf.cast(tf.sparse.to_dense(parsed["labels"]), tf.int32)
     return {
@@ -97,13 +122,19 @@ def write_shards(
     show_progress: bool = True,
     join: JoinSettings = JoinSettings(),  # noqa: B008 (frozen, immutable)
     allow_unknown: bool = False,
+    store: str = "features",
 ) -> ShardSummary:
     """Extracts features for every utterance (× every speed factor) into `num_shards` files;
     with `join`, some consecutive utterances of a speaker become one (`asrkit.data.joining`).
+    `store="audio"`: each utterance's audio once, the speeds drawn per epoch in training.
     A transcript the tokenizer cannot encode is an error, or with `allow_unknown` (a set
     that is only scored, whose references are the transcripts) a warning."""
+    if store not in STORES:
+        raise ValueError(f"store must be one of {STORES}, got {store!r}")
     out_dir = Path(out_dir)
     fingerprint = shard_fingerprint(config, tokenizer, speeds)
+    if store == "audio":  # absent for feature shards: earlier ones keep their fingerprint
+        fingerprint["store"] = store
     if join.enabled:  # absent when off: earlier shards keep their fingerprint
         fingerprint["join"] = join.fingerprint()
     _refuse_other_settings(out_dir, fingerprint)
@@ -111,24 +142,35 @@ def write_shards(
     refuse_unknown_characters(listed, tokenizer, manifest, warn=allow_unknown)
     out_dir.mkdir(parents=True, exist_ok=True)
     utterances = join_consecutive(listed, join)
-    items = [(u, s) for u in utterances for s in speeds]
+    items = [(u, s) for u in utterances for s in (speeds if store == "features" else (1.0,))]
     shards = [out_dir / f"shard-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
     todo = [i for i, path in enumerate(shards) if not path.exists()]
 
     def write(index: int) -> tuple[int, int]:
         path = shards[index]
         tmp = path.with_suffix(".tmp")
-        lengths, tokens = [], []
+        lengths, tokens, samples = [], [], []
         with tf.io.TFRecordWriter(str(tmp)) as writer:
             for utt, speed in items[index::num_shards]:
-                feats, duration = _features(utt, speed, config)
-                utt_id = utt.id if speed == 1.0 else f"sp{speed}-{utt.id}"
                 ids = tokenizer.encode(utt.text)
-                writer.write(serialize_example(utt_id, feats, ids, duration, utt.text))
-                lengths.append(len(feats))
+                if store == "audio":
+                    audio = _audio(utt, config)
+                    duration = len(audio) / config.sample_rate
+                    flac = encode_flac(audio, config.sample_rate)
+                    writer.write(serialize_audio_example(utt.id, flac, len(audio), ids,
+                                                         duration, utt.text))  # fmt: skip
+                    lengths.append(int(num_frames(len(audio), config)))
+                    samples.append(len(audio))
+                else:
+                    feats, duration = _features(utt, speed, config)
+                    utt_id = utt.id if speed == 1.0 else f"sp{speed}-{utt.id}"
+                    writer.write(serialize_example(utt_id, feats, ids, duration, utt.text))
+                    lengths.append(len(feats))
                 tokens.append(len(ids))
         # Frame and token counts beside each shard: planning need not parse the features.
         counts = {"frames": lengths, "tokens": tokens}
+        if store == "audio":  # frames at speed 1; samples give them at any speed
+            counts["samples"] = samples
         path.with_suffix(".lengths.json").write_text(json.dumps(counts))
         os.replace(tmp, path)
         return len(lengths), sum(lengths)
@@ -210,6 +252,9 @@ def _differences(recorded: dict, wanted: dict, speeds: bool = False) -> list[str
             out += [f"{key}.{k} {old.get(k)} != {v}" for k, v in new.items() if old.get(k) != v]
         elif old != new:
             out.append(f"{key} {old} != {new}")
+    stored, store = recorded.get("store", "features"), wanted.get("store", "features")
+    if speeds and stored != store:
+        out.append(f"they hold {stored}, not {store}")
     return out
 
 
@@ -268,8 +313,10 @@ def shard_features(shard_dir: str | os.PathLike, features: FeatureConfig):
             "the --config the shards were extracted with"
         )
     files, _ = shard_lengths(shard_dir)
-    bins = features.num_mel_bins
-    dataset = tf.data.TFRecordDataset(files).map(lambda r: parse_example(r, bins)["features"])
+    bins, audio = features.num_mel_bins, on_the_fly(shard_dir, features)
+    dataset = tf.data.TFRecordDataset(files).map(
+        lambda r: parse_example(r, bins, audio)["features"]
+    )
     return files, dataset
 
 
@@ -312,11 +359,14 @@ def lengths_index(shard: str) -> dict:
     return index
 
 
+def _audio(utt: Utterance | JoinedUtterance, config: FeatureConfig) -> np.ndarray:
+    parts = utt.parts if isinstance(utt, JoinedUtterance) else (utt,)
+    pieces = [read_utterance(u, config.sample_rate) for u in parts]
+    return utt.audio(pieces, config.sample_rate) if len(parts) > 1 else pieces[0]
+
+
 def _features(
     utt: Utterance | JoinedUtterance, speed: float, config: FeatureConfig
 ) -> tuple[np.ndarray, float]:
-    parts = utt.parts if isinstance(utt, JoinedUtterance) else (utt,)
-    pieces = [read_utterance(u, config.sample_rate) for u in parts]
-    audio = utt.audio(pieces, config.sample_rate) if len(parts) > 1 else pieces[0]
-    samples = perturb_speed(audio, speed)
+    samples = perturb_speed(_audio(utt, config), speed)
     return log_mel(samples, config).numpy(), len(samples) / config.sample_rate

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.config import ExperimentConfig, FeatureConfig
+from asrkit.data.audio_shards import on_the_fly, shard_store
 from asrkit.data.manifest import read_manifest, read_utterance
 from asrkit.data.pipeline import PipelineConfig, bucket_plan
 from asrkit.data.records import parse_example, shard_lengths
@@ -73,8 +74,10 @@ def decode_shards(
     num_mel_bins: int = 80,
     scorer: str = DEFAULT_SCORER,
     boost=None,
+    features: FeatureConfig | None = None,
 ) -> DecodeReport:
-    batches = _shard_batches(shard_dir, pipe, normalize, num_mel_bins)
+    """Decodes a shard directory; audio shards need the `features` to compute (at speed 1)."""
+    batches = _shard_batches(shard_dir, pipe, normalize, num_mel_bins, features)
     return _decode(model, batches, tokenizer, options, shard_dir, scorer, boost)
 
 
@@ -116,11 +119,18 @@ def _decode(
 
 
 def _shard_batches(
-    shard_dir, pipe: PipelineConfig, normalize, num_mel_bins: int
+    shard_dir, pipe: PipelineConfig, normalize, num_mel_bins: int, features=None
 ) -> Iterator[_Batch]:
     files, lengths = shard_lengths(shard_dir)
     boundaries, sizes = bucket_plan(lengths, pipe)
-    dataset = tf.data.TFRecordDataset(files).map(lambda r: parse_example(r, num_mel_bins))
+    audio = None
+    if shard_store(shard_dir) == "audio":
+        if features is None:
+            raise InputError(f"{shard_dir}: audio shards; decoding them needs the features config")
+        audio, num_mel_bins = on_the_fly(shard_dir, features), features.num_mel_bins
+    dataset = tf.data.TFRecordDataset(files).map(
+        lambda r: parse_example(r, num_mel_bins, audio), num_parallel_calls=4
+    )
     if normalize is not None:
         dataset = dataset.map(lambda e: {**e, "features": normalize(e["features"])})
     dataset = dataset.bucket_by_sequence_length(

@@ -270,6 +270,7 @@ def plan_training(
     false), so one large card plans for a smaller one."""
     import tensorflow as tf
 
+    from asrkit.data.audio_shards import on_the_fly
     from asrkit.data.pipeline import index_shards
     from asrkit.data.records import check_shards, shard_files
     from asrkit.tokenizer import Tokenizer
@@ -294,9 +295,11 @@ def plan_training(
     log(f"training state: {state.describe()}")
     check_state_fits(state, budget, margin)
     check_shards(config.data.train_shards, config, tokenizer)
+    audio = on_the_fly(config.data.train_shards, config.features)  # planned at its slowest
     index = index_shards(
-        shard_files(config.data.train_shards), config.model.encoder, config.data.train_shards
-    )
+        shard_files(config.data.train_shards), config.model.encoder, config.data.train_shards,
+        audio,
+    )  # fmt: skip
     limit = budget if emulate and device.startswith("GPU") else None
     log(f"measuring on {device}, budget {format_bytes(budget)}, margin {margin:.0%}")
     with MemoryMeter(config, tokenizer.vocab_size, device, limit) as meter:

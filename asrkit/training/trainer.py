@@ -55,6 +55,7 @@ from asrkit.cluster import (
     settings_of,
 )
 from asrkit.config import ExperimentConfig, dump_config
+from asrkit.data.audio_shards import OnTheFly, on_the_fly
 from asrkit.data.batch_plan import mean_micro_batch_seconds, micro_batch_plan
 from asrkit.data.order import (
     DataPlanKey,
@@ -66,6 +67,7 @@ from asrkit.data.order import (
 )
 from asrkit.data.pipeline import (
     PipelineConfig,
+    epoch_lengths,
     for_every_worker,
     index_shards,
     make_dataset,
@@ -218,7 +220,10 @@ def _record_training_lengths(run: _Run, data: _TrainingData) -> None:
 def _build(run: _Run, data: _TrainingData, strategy) -> TransducerTask:
     config = run.config
     with strategy.scope():
-        total_updates = config.train.epochs * math.ceil(data.micro_per_epoch / data.steps)
+        total_updates = sum(
+            math.ceil(data.micro_in(config, epoch) / data.steps)
+            for epoch in range(config.train.epochs)
+        )
         task = build_task(config, run.tokenizer.vocab_size, data.steps, total_updates=total_updates)
         task.build_engine(next(iter(_dataset(config, data, 0))))
     run.log(f"model: {_parameters(task):,} parameters, vocabulary {run.tokenizer.vocab_size}")
@@ -314,7 +319,8 @@ def _run_epochs(
     while state.epoch < config.train.epochs and not stop.requested():
         state = dataclasses.replace(state, dev_wer=None)  # mid-epoch weights have none
         progress = TrainingProgress(
-            manager, state, data.micro_per_epoch, data.audio_per_micro_batch, config, writer,
+            manager, state, data.micro_in(config, state.epoch), data.audio_per_micro_batch,
+            config, writer,
             run.log, stop=stop,
         )  # fmt: skip
         history = task.fit(
@@ -407,7 +413,7 @@ def _stop_on_signals(log, agree=None):
 
 class _TrainingData(NamedTuple):
     files: list[str]
-    frames: np.ndarray  # per utterance
+    frames: np.ndarray  # per utterance (audio shards: at the slowest speed, what plans)
     tokens: np.ndarray  # per utterance
     pipe: PipelineConfig
     plan: tuple[list[int], list[int]]
@@ -418,6 +424,16 @@ class _TrainingData(NamedTuple):
     normalize: object
     index: RecordIndex  # the usable records, by byte offset
     plan_key: DataPlanKey
+    audio: OnTheFly | None  # audio shards: how their features are computed
+
+    def micro_in(self, config: ExperimentConfig, epoch: int) -> int:
+        """Micro-batches in `epoch` (audio shards: its speeds make its lengths)."""
+        if self.audio is None:
+            return self.micro_per_epoch
+        lengths = epoch_lengths(
+            self.index, self.audio, training=True, seed=config.train.seed, epoch=epoch
+        )
+        return micro_batches_per_epoch(lengths, self.plan)
 
 
 def _plan_data(run: _Run, replicas: int) -> _TrainingData:
@@ -426,15 +442,16 @@ def _plan_data(run: _Run, replicas: int) -> _TrainingData:
     if config.data.dev_shards:
         check_shards(config.data.dev_shards, config, run.tokenizer)
     files = shard_files(config.data.train_shards)
+    audio = on_the_fly(config.data.train_shards, config.features)
     # reads each side file once, and the record headers
-    index = index_shards(files, config.model.encoder, config.data.train_shards)
+    index = index_shards(files, config.model.encoder, config.data.train_shards, audio)
     if index.unusable:
         log(f"{index.unusable} utterance(s) have fewer encoder frames than tokens and are skipped")
     frames, tokens = index.frames, index.tokens
     pipe = pipeline_config(config, replicas)
     plan = micro_batch_plan(config, frames, tokens, replicas)
     micro = micro_batches_per_epoch(frames, plan)
-    audio = float(frames.sum()) * pipe.frame_step_seconds
+    seconds_total = float(frames.sum()) * pipe.frame_step_seconds
     if config.data.plan:
         seconds = mean_micro_batch_seconds(frames, plan, pipe.frame_step_seconds)
         log(
@@ -447,7 +464,8 @@ def _plan_data(run: _Run, replicas: int) -> _TrainingData:
         sizes = f"<= {config.data.batch_seconds:.0f} s audio x {replicas} replica(s)"
     steps = accumulation_steps(config, replicas, seconds)
     log(
-        f"asrkit {__version__}: {len(frames)} utterances ({audio / 3600:.2f} h), "
+        f"asrkit {__version__}: {len(frames)} utterances ({seconds_total / 3600:.2f} h"
+        f"{', at the slowest speed' if audio is not None else ''}), "
         f"~{micro} micro-batches of {sizes} per epoch; {steps} per update = effective batch "
         f"{steps * seconds:.0f} s audio"
     )
@@ -461,8 +479,8 @@ def _plan_data(run: _Run, replicas: int) -> _TrainingData:
     normalize = normalizer_for(config.data.cmvn)
     key = DataPlanKey(shards_digest(files), tuple(plan[0]), tuple(plan[1]), config.train.seed)
     return _TrainingData(
-        files, frames, tokens, pipe, plan, steps, replicas, micro, audio / micro, normalize,
-        index, key,
+        files, frames, tokens, pipe, plan, steps, replicas, micro, seconds_total / micro,
+        normalize, index, key, audio,
     )  # fmt: skip
 
 
@@ -470,7 +488,7 @@ def _dataset(config: ExperimentConfig, data: _TrainingData, epoch: int, skip: in
     dataset = make_dataset(
         data.files, data.pipe, *data.plan, training=True, seed=config.train.seed, epoch=epoch,
         skip_batches=skip, num_mel_bins=config.features.num_mel_bins, normalize=data.normalize,
-        index=data.index,
+        index=data.index, audio=data.audio,
     )  # fmt: skip
     return for_every_worker(dataset)
 
@@ -479,7 +497,7 @@ def _dev_wer(network, config: ExperimentConfig, tokenizer, data: _TrainingData) 
     options = DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
     report = decode_shards(
         network, config.data.dev_shards, tokenizer, data.pipe, data.normalize, options,
-        config.features.num_mel_bins,
+        config.features.num_mel_bins, features=config.features,
     )  # fmt: skip
     return report.rates.wer
 

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from asrkit.checkpoints import named_parts
 from asrkit.config import ExperimentConfig
+from asrkit.data.audio_shards import on_the_fly
 from asrkit.data.batch_plan import micro_batch_plan
 from asrkit.data.pipeline import make_dataset, pipeline_config
 from asrkit.data.records import shard_counts
@@ -84,6 +85,7 @@ def _verify(
     dataset = make_dataset(
         files, pipe, *plan, training=True, seed=config.train.seed,
         num_mel_bins=config.features.num_mel_bins, normalize=normalizer_for(config.data.cmvn),
+        audio=on_the_fly(config.data.train_shards, config.features),
     )  # fmt: skip
     micro = [tuple(t.numpy() for t in batch) for batch in dataset.take(steps)]
     if len(micro) < steps:
