@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -52,20 +53,26 @@ def read_audio(
     sample_rate: int = SAMPLE_RATE,
     offset: float | None = None,
     duration: float | None = None,
+    data: bytes | None = None,
 ) -> np.ndarray:
     """Mono float32 samples in [-1, 1] at `sample_rate` (resampled with soxr if needed).
     With `offset` (seconds): only the segment [offset, offset + duration) is read from the
-    file (to its end without `duration`), as a NeMo manifest's segment entry asks."""
-    _check_exists(path)
+    file (to its end without `duration`), as a NeMo manifest's segment entry asks. With
+    `data`: the audio file's bytes (a tar member), `path` naming it in messages."""
+    if data is None:
+        _check_exists(path)
+    source = str(path) if data is None else io.BytesIO(data)
     try:
         if offset is None:
-            samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+            samples, rate = soundfile.read(source, dtype="float32", always_2d=True)
         else:
-            rate = soundfile.info(str(path)).samplerate
+            rate = soundfile.info(source).samplerate
+            if data is not None:
+                source.seek(0)
             start = round(offset * rate)
             frames = -1 if duration is None else round(duration * rate)
             samples, rate = soundfile.read(
-                str(path), start=start, frames=frames, dtype="float32", always_2d=True
+                source, start=start, frames=frames, dtype="float32", always_2d=True
             )
             if not len(samples):
                 raise AudioError(f"{path}: no audio at offset {offset} s (past the file's end?)")

@@ -37,6 +37,11 @@ Beam searches (`beams.json`): NeMo's batched beam searches on the committed `rnn
 and `tdt.nemo` (malsd_batch, beam 4, unnormalised scores): each clip's best tokens, frames
 and score. Written from the archives alone (`--parts beams`), so the other fixtures stay.
 
+A tarred dataset (`tarred/`): NeMo's own scripts/speech_recognition/
+convert_to_tarred_audio_dataset.py (from a NeMo checkout: `--nemo-repo`) on three real clips
+and a 0.8 s segment of one (an entry with an offset): two `audio_N.tar` shards (FLAC), the
+sharded manifests, `tarred_audio_manifest.json` and `metadata.yaml` (`--parts tarred`).
+
 TDT losses (`tdt_losses.npz`): NeMo's PyTorch reference TDT loss and its gradient on random
 logits (its `.cuda()` calls made no-ops in this script only).
 
@@ -941,10 +946,52 @@ def batch_norm(out: Path) -> None:
     np.savez_compressed(out / "batch_norm.npz", **arrays)
 
 
+def tarred(out: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    if NEMO_REPO is None:
+        raise SystemExit("--parts tarred needs --nemo-repo (a NeMo checkout: its scripts/)")
+    script = NEMO_REPO / "scripts/speech_recognition/convert_to_tarred_audio_dataset.py"
+    texts = {}
+    for listing in (ROOT / "tests/data/realspeech/test-real").rglob("*.trans.txt"):
+        for line in listing.read_text().splitlines():
+            name, _, text = line.partition(" ")
+            texts[name] = text.lower()
+    clips = CLIPS[:3]
+    target = out / "tarred"
+    shutil.rmtree(target, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        import soundfile
+
+        (Path(tmp) / "audio").mkdir()
+        entries = []
+        for clip in clips:
+            shutil.copy(clip, Path(tmp) / "audio" / clip.name)
+            entries.append({"audio_filepath": f"audio/{clip.name}",
+                            "duration": soundfile.info(str(clip)).duration,
+                            "text": texts[clip.stem]})  # fmt: skip
+        entries.append({"audio_filepath": f"audio/{clips[0].name}", "duration": 0.8,
+                        "offset": 0.5, "text": "a segment"})  # fmt: skip
+        manifest = Path(tmp) / "manifest.json"
+        manifest.write_text("".join(json.dumps(e) + "\n" for e in entries))
+        subprocess.run(
+            [sys.executable, str(script), f"--manifest_path={manifest}",
+             f"--target_dir={target.resolve()}", "--num_shards=2", "--max_duration=40",
+             "--min_duration=0.1", "--sort_in_shards", "--force_codec=flac", "--workers=1",
+             "--dynamic_buckets_num=2"],
+            cwd=tmp, check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+
+
+NEMO_REPO: Path | None = None
+
 PARTS = {"features": features, "attention": attention, "encoders": encoders, "models": models,
          "beams": beams, "tdt_losses": tdt_losses, "steps": steps,
          "streaming": streaming, "adapters": adapters,
-         "batch_norm": batch_norm}  # fmt: skip
+         "batch_norm": batch_norm, "tarred": tarred}  # fmt: skip
 
 
 def main() -> None:
@@ -954,7 +1001,11 @@ def main() -> None:
         "--parts", nargs="+", choices=sorted(PARTS), default=list(PARTS),
         help="which fixtures to write (beams reads the committed archives)",
     )  # fmt: skip
+    parser.add_argument("--nemo-repo", type=Path,
+                        help="a NeMo checkout (for --parts tarred: NeMo's own script)")  # fmt: skip
     args = parser.parse_args()
+    global NEMO_REPO
+    NEMO_REPO = args.nemo_repo
     args.out.mkdir(parents=True, exist_ok=True)
     for part in args.parts:
         PARTS[part](args.out)

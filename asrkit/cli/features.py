@@ -42,6 +42,17 @@ def register(subparsers) -> None:
              "recording; 0: back to back)",
     )  # fmt: skip
     extract.add_argument("--join-seed", type=int, default=0)
+    extract.add_argument(
+        "--tarred-audio", metavar="PATTERN",
+        help="a NeMo tarred dataset: its tar files (e.g. 'audio_{0..511}.tar'); --manifest is "
+             "then its manifest(s), one per tar ('sharded_manifests/manifest_{0..511}.json') "
+             "or one whose entries carry shard_id",
+    )  # fmt: skip
+    extract.add_argument(
+        "--strict", action="store_true",
+        help="audio that cannot be read (corrupt, truncated, a tarred entry without its "
+             "member) is an error instead of skipped and listed",
+    )  # fmt: skip
     add_config_arguments(extract)
     extract.set_defaults(func=run_extract)
     cmvn = actions.add_parser("cmvn", help="per-bin mean/std over shards -> JSON")
@@ -83,6 +94,9 @@ def run_extract(args: argparse.Namespace) -> int:
         raise InputError(
             f"--speeds: expected numbers like 0.9,1.0,1.1, got {args.speeds!r}"
         ) from None
+    utterances = None
+    if args.tarred_audio:
+        utterances = _tarred(args.manifest, args.tarred_audio, args.strict)
     summary = write_shards(
         args.manifest,
         Tokenizer.load(args.tokenizer),
@@ -94,13 +108,40 @@ def run_extract(args: argparse.Namespace) -> int:
         join=join,
         allow_unknown=args.allow_unknown,
         store=args.store,
+        utterances=utterances,
+        strict=args.strict,
     )
+    if summary.unreadable:
+        first = "; ".join(f"{k}: {v}" for k, v in list(summary.unreadable.items())[:3])
+        print(f"skipped {len(summary.unreadable)} utterance(s) whose audio cannot be read "
+              f"(listed in {args.out}/shards.json; --strict refuses them): {first}")  # fmt: skip
     print(
         f"{summary.utterances} utterances, {summary.frames} frames in "
         f"{len(summary.shards) - summary.skipped_existing} new shard(s) "
         f"({summary.skipped_existing} already done) -> {args.out}"
     )
     return 0
+
+
+def _tarred(manifests: str, tars: str, strict: bool):
+    """The utterances of a NeMo tarred dataset; its entries without their member are named
+    and skipped (refused with `strict`), members no entry names are named."""
+    from asrkit.data.manifest import ManifestError
+    from asrkit.data.nemo_tarred import read_tarred
+
+    found = read_tarred(manifests, tars)
+    if found.missing and strict:
+        raise ManifestError(f"{len(found.missing)} entries name no member of their tar: "
+                            f"{'; '.join(found.missing[:3])}")  # fmt: skip
+    for what, lines in (("entries skipped: no member", found.missing),
+                        ("members no entry names (not read)", found.extra)):  # fmt: skip
+        if lines:
+            shown = "\n  ".join(lines[:10])
+            more = f"\n  ... and {len(lines) - 10} more" if len(lines) > 10 else ""
+            print(f"{len(lines)} {what}:\n  {shown}{more}")
+    if not found.utterances:
+        raise ManifestError(f"{manifests}: no entry has its audio in {tars}")
+    return found.utterances
 
 
 def run_cmvn(args: argparse.Namespace) -> int:

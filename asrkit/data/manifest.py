@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from asrkit.audio import read_audio
+from asrkit.audio import AudioError, read_audio
 from asrkit.errors import UserError
 
 
@@ -33,6 +33,7 @@ class Utterance:
     text: str
     speaker: str
     offset: float | None = None  # seconds into audio_path: a segment of `duration` seconds
+    member: str | None = None  # audio_path is a tar file, the audio this member of it
 
 
 _FIELDS = {"id": str, "audio_path": str, "duration": (int, float), "text": str, "speaker": str}
@@ -44,11 +45,20 @@ class ManifestError(UserError, ValueError):
 
 
 def read_utterance(utterance: Utterance, sample_rate: int):
-    """An utterance's samples: its whole file, or the segment its `offset` and `duration`
-    mark (read from the file without copying it)."""
+    """An utterance's samples: its whole file (or tar member), or the segment its `offset`
+    and `duration` mark (read from the file without copying it)."""
+    data, name = None, utterance.audio_path
+    if utterance.member is not None:
+        from asrkit.data.nemo_tarred import read_member
+
+        name = f"{utterance.audio_path}:{utterance.member}"
+        try:
+            data = read_member(utterance.audio_path, utterance.member)
+        except OSError as err:
+            raise AudioError(f"{name}: cannot read the member ({err})") from None
     if utterance.offset is None:
-        return read_audio(utterance.audio_path, sample_rate)
-    return read_audio(utterance.audio_path, sample_rate, utterance.offset, utterance.duration)
+        return read_audio(name, sample_rate, data=data)
+    return read_audio(name, sample_rate, utterance.offset, utterance.duration, data=data)
 
 
 def write_manifest(path: str | os.PathLike, utterances: Iterable[Utterance]) -> int:
@@ -61,8 +71,9 @@ def write_manifest(path: str | os.PathLike, utterances: Iterable[Utterance]) -> 
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for utt in utterances:
                 record = asdict(utt)
-                if record["offset"] is None:
-                    del record["offset"]
+                for optional in ("offset", "member"):
+                    if record[optional] is None:
+                        del record[optional]
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 count += 1
         os.replace(tmp, path)
@@ -77,7 +88,7 @@ def iter_manifest(path: str | os.PathLike) -> Iterator[Utterance]:
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if line.strip():
-                yield _parse_line(line, path, number)
+                yield parse_manifest_line(line, path, number)
 
 
 def read_manifest(path: str | os.PathLike) -> list[Utterance]:
@@ -94,7 +105,7 @@ def read_usable_manifest(path: str | os.PathLike, option: str = "--manifest") ->
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if line.strip():
-                utterances.append(_parse_line(line, path, number))
+                utterances.append(parse_manifest_line(line, path, number))
                 numbers.append(number)
     if not utterances:
         raise ManifestError(f"{option} {path}: the manifest holds no utterances")
@@ -108,7 +119,8 @@ def read_usable_manifest(path: str | os.PathLike, option: str = "--manifest") ->
     return utterances
 
 
-def _parse_line(line: str, path: Path, number: int) -> Utterance:
+def parse_manifest_line(line: str, path: Path, number: int) -> Utterance:
+    """One line of `path` (line `number`, for messages) as an `Utterance`."""
     where = f"{path}:{number}"
     try:
         record = json.loads(line)
@@ -119,6 +131,9 @@ def _parse_line(line: str, path: Path, number: int) -> Utterance:
     if "audio_filepath" in record:
         return _nemo_entry(record, path, where)
     offset = _offset(record, where)
+    member = record.pop("member", None)
+    if member is not None and not isinstance(member, str):
+        raise ManifestError(f"{where}: key 'member' must be a string (a tar member's name)")
     unknown = sorted(set(record) - set(_FIELDS))
     if unknown:
         raise ManifestError(f"{where}: unknown key(s) {unknown}")
@@ -129,7 +144,8 @@ def _parse_line(line: str, path: Path, number: int) -> Utterance:
             raise ManifestError(f"{where}: key {key!r} has the wrong type")
     if not record["duration"] > 0:
         raise ManifestError(f"{where}: utterance {record['id']}: duration must be > 0")
-    return Utterance(**{**record, "duration": float(record["duration"]), "offset": offset})
+    return Utterance(**{**record, "duration": float(record["duration"]), "offset": offset,
+                        "member": member})  # fmt: skip
 
 
 def _offset(record: dict, where: str) -> float | None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from asrkit.audio import AudioError
 from asrkit.config import ExperimentConfig, FeatureConfig
 from asrkit.data.audio_shards import STORES, OnTheFly, audio_features, encode_flac, on_the_fly
 from asrkit.data.joining import JoinedUtterance, JoinSettings, join_consecutive
@@ -44,6 +45,8 @@ class ShardSummary:
     utterances: int
     frames: int
     skipped_existing: int
+    # utterance id -> why its audio could not be read (skipped; refused with `strict`)
+    unreadable: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class ShardMismatch(UserError, ValueError):
@@ -123,12 +126,17 @@ def write_shards(
     join: JoinSettings = JoinSettings(),  # noqa: B008 (frozen, immutable)
     allow_unknown: bool = False,
     store: str = "features",
+    utterances: list[Utterance] | None = None,
+    strict: bool = False,
 ) -> ShardSummary:
     """Extracts features for every utterance (× every speed factor) into `num_shards` files;
     with `join`, some consecutive utterances of a speaker become one (`asrkit.data.joining`).
     `store="audio"`: each utterance's audio once, the speeds drawn per epoch in training.
-    A transcript the tokenizer cannot encode is an error, or with `allow_unknown` (a set
-    that is only scored, whose references are the transcripts) a warning."""
+    `utterances`: these instead of the manifest's (a NeMo tarred dataset's; `manifest` names
+    them). A transcript the tokenizer cannot encode is an error, or with `allow_unknown` (a
+    set that is only scored, whose references are the transcripts) a warning. Audio that
+    cannot be read (corrupt, truncated, missing) is skipped and listed in the summary and
+    shards.json, or with `strict` an error naming it; a failed shard leaves no file."""
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}, got {store!r}")
     out_dir = Path(out_dir)
@@ -138,11 +146,12 @@ def write_shards(
     if join.enabled:  # absent when off: earlier shards keep their fingerprint
         fingerprint["join"] = join.fingerprint()
     _refuse_other_settings(out_dir, fingerprint)
-    listed = read_manifest(manifest)
+    listed = read_manifest(manifest) if utterances is None else utterances
     refuse_unknown_characters(listed, tokenizer, manifest, warn=allow_unknown)
     out_dir.mkdir(parents=True, exist_ok=True)
-    utterances = join_consecutive(listed, join)
-    items = [(u, s) for u in utterances for s in (speeds if store == "features" else (1.0,))]
+    joined = join_consecutive(listed, join)
+    items = [(u, s) for u in joined for s in (speeds if store == "features" else (1.0,))]
+    unreadable: dict[str, str] = {}
     shards = [out_dir / f"shard-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
     todo = [i for i, path in enumerate(shards) if not path.exists()]
 
@@ -150,23 +159,11 @@ def write_shards(
         path = shards[index]
         tmp = path.with_suffix(".tmp")
         lengths, tokens, samples = [], [], []
-        with tf.io.TFRecordWriter(str(tmp)) as writer:
-            for utt, speed in items[index::num_shards]:
-                ids = tokenizer.encode(utt.text)
-                if store == "audio":
-                    audio = _audio(utt, config)
-                    duration = len(audio) / config.sample_rate
-                    flac = encode_flac(audio, config.sample_rate)
-                    writer.write(serialize_audio_example(utt.id, flac, len(audio), ids,
-                                                         duration, utt.text))  # fmt: skip
-                    lengths.append(int(num_frames(len(audio), config)))
-                    samples.append(len(audio))
-                else:
-                    feats, duration = _features(utt, speed, config)
-                    utt_id = utt.id if speed == 1.0 else f"sp{speed}-{utt.id}"
-                    writer.write(serialize_example(utt_id, feats, ids, duration, utt.text))
-                    lengths.append(len(feats))
-                tokens.append(len(ids))
+        try:
+            _write_shard(tmp, items[index::num_shards], lengths, tokens, samples)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         # Frame and token counts beside each shard: planning need not parse the features.
         counts = {"frames": lengths, "tokens": tokens}
         if store == "audio":  # frames at speed 1; samples give them at any speed
@@ -174,6 +171,32 @@ def write_shards(
         path.with_suffix(".lengths.json").write_text(json.dumps(counts))
         os.replace(tmp, path)
         return len(lengths), sum(lengths)
+
+    def _write_shard(tmp, shard_items, lengths, tokens, samples) -> None:
+        with tf.io.TFRecordWriter(str(tmp)) as writer:
+            for utt, speed in shard_items:
+                ids = tokenizer.encode(utt.text)
+                try:
+                    audio = _audio(utt, config)
+                except AudioError as err:
+                    if strict:
+                        raise AudioError(f"utterance {utt.id}: {err} (without --strict it "
+                                         "would be skipped and listed)") from None  # fmt: skip
+                    unreadable[utt.id] = str(err)
+                    continue
+                if store == "audio":
+                    duration = len(audio) / config.sample_rate
+                    flac = encode_flac(audio, config.sample_rate)
+                    writer.write(serialize_audio_example(utt.id, flac, len(audio), ids,
+                                                         duration, utt.text))  # fmt: skip
+                    lengths.append(int(num_frames(len(audio), config)))
+                    samples.append(len(audio))
+                else:
+                    feats, duration = _features(audio, speed, config)
+                    utt_id = utt.id if speed == 1.0 else f"sp{speed}-{utt.id}"
+                    writer.write(serialize_example(utt_id, feats, ids, duration, utt.text))
+                    lengths.append(len(feats))
+                tokens.append(len(ids))
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         done = list(
@@ -184,8 +207,14 @@ def write_shards(
         utterances=sum(c for c, _ in done),
         frames=sum(f for _, f in done),
         skipped_existing=num_shards - len(todo),
+        unreadable=dict(sorted(unreadable.items())),
     )
     index = {"manifest": str(manifest), "num_shards": num_shards, "fingerprint": fingerprint}
+    earlier = out_dir / "shards.json"  # a resumed extraction keeps what the first run skipped
+    if earlier.exists():
+        unreadable = {**json.loads(earlier.read_text()).get("unreadable", {}), **unreadable}
+    if unreadable:  # skipped: what the shards do not hold, and why
+        index["unreadable"] = dict(sorted(unreadable.items()))
     (out_dir / "shards.json").write_text(json.dumps(index, indent=2) + "\n")
     return summary
 
@@ -365,8 +394,6 @@ def _audio(utt: Utterance | JoinedUtterance, config: FeatureConfig) -> np.ndarra
     return utt.audio(pieces, config.sample_rate) if len(parts) > 1 else pieces[0]
 
 
-def _features(
-    utt: Utterance | JoinedUtterance, speed: float, config: FeatureConfig
-) -> tuple[np.ndarray, float]:
-    samples = perturb_speed(_audio(utt, config), speed)
+def _features(audio: np.ndarray, speed: float, config: FeatureConfig) -> tuple[np.ndarray, float]:
+    samples = perturb_speed(audio, speed)
     return log_mel(samples, config).numpy(), len(samples) / config.sample_rate
