@@ -18,7 +18,7 @@
 #   0  import the .nemo (or take the experiment) as <work>/pretrained
 #   1  manifests in <work>/data
 #   2  tokenizer
-#   3  features with the pretrained model's settings (shards/train, shards/dev)
+#   3  audio shards (shards/train, shards/dev), read with the pretrained model's features
 #   4  decode the dev and test sets with the pretrained model (WER before)
 #   5  plan the micro-batches for --memory (skipped without it)
 #   6  train --init-from the pretrained model
@@ -159,7 +159,7 @@ features() {
   for name in train dev; do  # the test set is decoded from its manifest, by each model
     local scored=(); [[ $name == dev ]] && scored=(--allow-unknown)
     "$asrkit" features extract --manifest "data/$name.jsonl" --tokenizer tokenizer \
-      --out "shards/$name" --shards 4 --config pretrained/config.yaml "${scored[@]}"
+      --out "shards/$name" --shards 4 --store audio --config pretrained/config.yaml "${scored[@]}"
   done
 }
 finetune_config() {  # the pretrained model's config, the fine-tuning settings, the data

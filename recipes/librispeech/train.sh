@@ -11,8 +11,9 @@
 #   0  check the layout (extract archives that are not extracted yet)
 #   1  prepare JSONL manifests (every utterance validated; problems listed by id)
 #   2  SentencePiece unigram tokenizer on the training text (--vocab, 1024 by default)
-#   3  features: log-mel to TFRecord shards, training data speed-perturbed (--speeds), a
-#      third of its utterances joined with the next ones up to 30 s; + CMVN
+#   3  audio shards (the FLAC in TFRecords; log-mel computed while training reads them, one
+#      of --speeds drawn per utterance per epoch), a third of the training utterances
+#      joined with the next ones up to 30 s; + CMVN
 #   4  train (conf/conformer_s.yaml by default; --micro-batch-seconds fits the GPU, or
 #      --memory 12GiB first measures a per-bucket plan on the GPU (asrkit plan); the
 #      config's effective_batch_seconds fixes the update size: accumulation makes up the rest)
@@ -45,7 +46,7 @@ while (( $# )); do
     --speeds) speeds=$2; shift 2 ;;
     --train-shards) train_shards=$2; shift 2 ;;
     --average) average=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -91,12 +92,12 @@ features() {
   # A third of the utterances start a run of the chapter's next ones joined up to 30 s (no
   # longer than LibriSpeech's own longest) with pauses of up to 1 s, so the model goes on
   # past a sentence end and across a pause.
-  "$asrkit" features extract --manifest data/train.jsonl --tokenizer tokenizer \
+  "$asrkit" features extract --manifest data/train.jsonl --tokenizer tokenizer --store audio \
     --out shards/train --shards "$train_shards" --speeds "$speeds" --workers "$(nproc)" \
     --join-seconds 30 --join-share 0.3 --join-pause 1 --config "$config" "${sets[@]}"
   local part
   for part in "${scored[@]}"; do
-    "$asrkit" features extract --manifest "data/$part.jsonl" --tokenizer tokenizer \
+    "$asrkit" features extract --manifest "data/$part.jsonl" --tokenizer tokenizer --store audio \
       --out "shards/$part" --shards 8 --workers "$(nproc)" --config "$config" "${sets[@]}" \
       --allow-unknown  # only scored
   done
