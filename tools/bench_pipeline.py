@@ -1,12 +1,15 @@
 """Benchmark the data path on the mini synthetic corpus.
 
 Prints: feature extraction real-time factor per core (log-mel of real-length utterances, one
-thread); pipeline throughput (utterances and audio seconds per second, training mode with
-shuffling and SpecAugment); padding efficiency (real frames / padded frames) of bucketed
-batches vs padding each batch to its own max vs padding to the global max.
+thread); for feature shards and audio shards side by side (three speeds: each a record, or
+one drawn per utterance per epoch), their size against the FLAC and the pipeline's
+throughput (audio seconds of features per second, training mode with shuffling and
+SpecAugment; per core: over the cores this process may use, `taskset -c 0` for one);
+padding efficiency (real frames / padded frames) of bucketed batches vs padding each batch
+to its own max vs padding to the global max.
 
     python tools/bench_pipeline.py [--work /tmp/asrkit-bench] [--batch-seconds 60]
-        [--corpus LIBRISPEECH_LAYOUT --part dev-clean] [--repeats 3]
+        [--corpus LIBRISPEECH_LAYOUT --part dev-clean] [--repeats 3] [--speeds 0.9,1.0,1.1]
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ def main() -> None:
     parser.add_argument("--utterances", type=int, default=200, help="featurised per pass")
     parser.add_argument("--vocab", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed passes (median)")
+    parser.add_argument("--speeds", default="0.9,1.0,1.1")
+    parser.add_argument("--stores", default="features,audio",
+                        help="the shard kinds to compare (features: each speed a record; "
+                        "audio: FLAC, a speed drawn per epoch)")  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -40,7 +47,7 @@ def main() -> None:
     from asrkit.data.librispeech import prepare_librispeech
     from asrkit.data.manifest import read_manifest
     from asrkit.data.pipeline import PipelineConfig, bucket_plan, make_dataset
-    from asrkit.data.records import parse_example, write_shards
+    from asrkit.data.records import write_shards
     from asrkit.data.synthetic import make_synthetic_corpus
     from asrkit.features import log_mel
     from asrkit.tokenizer import train_tokenizer
@@ -62,40 +69,52 @@ def main() -> None:
     print(f"feature extraction: RTF {rtf.format()} per core ({1 / rtf.median:.0f}x real time), "
           f"{len(waves)} utterances")  # fmt: skip
 
-    tok_dir, shard_dir = work / "tok", work / "shards"
+    tok_dir = work / "tok"
     if not (tok_dir / "tokenizer.model").exists():
         train_tokenizer([u.text for u in utts], tok_dir, args.vocab, "unigram")
-    if not any(shard_dir.glob("*.tfrecord")):
-        from asrkit.tokenizer import Tokenizer
+    from asrkit.config import FeatureConfig
+    from asrkit.data.audio_shards import on_the_fly
+    from asrkit.data.pipeline import index_shards
+    from asrkit.tokenizer import Tokenizer
 
-        write_shards(manifest, Tokenizer.load(tok_dir), shard_dir, num_shards=8)
-    files = sorted(str(p) for p in shard_dir.glob("*.tfrecord"))
-    lengths = np.array(
-        [int(e["feature_lengths"]) for e in tf.data.TFRecordDataset(files).map(
-            lambda r: parse_example(r, 80))]
-    )  # fmt: skip
+    speeds = tuple(float(s) for s in args.speeds.split(","))
+    flac = sum(os.path.getsize(u.audio_path) for u in utts)
+    print(f"the FLAC: {flac / 2**20:.1f} MiB, {sum(u.duration for u in utts) / 3600:.2f} h "
+          f"({len(utts)} utterances); speeds {args.speeds}; {len(os.sched_getaffinity(0))} "
+          "core(s)")  # fmt: skip
     config = PipelineConfig(batch_seconds=args.batch_seconds)
-    plan = bucket_plan(lengths, config)
-    dataset = make_dataset(files, config, *plan, training=True, seed=0)
-    for _ in dataset.take(2):
-        pass
-    counts = {}
+    for store in args.stores.split(","):
+        shard_dir = work / f"shards_{store}"
+        if not any(shard_dir.glob("*.tfrecord")):
+            write_shards(manifest, Tokenizer.load(tok_dir), shard_dir, num_shards=8,
+                         speeds=speeds, store=store, show_progress=False)  # fmt: skip
+        files = sorted(str(p) for p in shard_dir.glob("*.tfrecord"))
+        size = sum(os.path.getsize(f) for f in files)
+        audio = on_the_fly(shard_dir, FeatureConfig())
+        index = index_shards(files, audio=audio)
+        lengths = index.frames
+        plan = bucket_plan(lengths, config)
+        counts = {}
 
-    def one_epoch():
-        n_utts = frames = padded = 0
-        for batch in make_dataset(files, config, *plan, training=True, seed=0, epoch=1):
-            n_utts += int(batch.feature_lengths.shape[0])
-            frames += int(tf.reduce_sum(batch.feature_lengths))
-            padded += int(batch.features.shape[0] * batch.features.shape[1])
-        counts.update(utterances=n_utts, frames=frames, padded=padded)
+        def one_epoch(files=files, plan=plan, index=index, audio=audio, counts=counts):
+            n_utts = frames = padded = 0
+            for batch in make_dataset(files, config, *plan, training=True, seed=0, epoch=1,
+                                      index=index, audio=audio):  # fmt: skip
+                n_utts += int(batch.feature_lengths.shape[0])
+                frames += int(tf.reduce_sum(batch.feature_lengths))
+                padded += int(batch.features.shape[0] * batch.features.shape[1])
+            counts.update(utterances=n_utts, frames=frames, padded=padded)
 
-    elapsed = timed(one_epoch, repeats=args.repeats, warmup=0).median
+        elapsed = timed(one_epoch, repeats=args.repeats, warmup=1)
+        rate = spread(counts["frames"] / 100 / t for t in elapsed)  # median, low, high
+        print(
+            f"{store} shards: {size / 2**20:.1f} MiB ({size / flac:.2f}x the FLAC); an epoch "
+            f"of {counts['utterances']} utterances, {counts['frames'] / 360000:.2f} h: "
+            f"{rate.format('.0f')} audio s/s ({rate.median / len(os.sched_getaffinity(0)):.0f}"
+            f" per core; training mode, median of {args.repeats}), padding efficiency "
+            f"{counts['frames'] / counts['padded']:.3f}"
+        )
     frames, padded = counts["frames"], counts["padded"]
-    print(
-        f"pipeline: {counts['utterances'] / elapsed:.0f} utterances/s, "
-        f"{frames / 100 / elapsed:.0f} audio s/s ({len(files)} shards, batch budget "
-        f"{args.batch_seconds:g} s, training mode, median of {args.repeats})"
-    )
 
     # The same utterances in the same batch sizes, padded two other ways.
     rng = np.random.default_rng(0)

@@ -14,6 +14,7 @@ tract length per utterance, on the features before normalisation), then SpecAugm
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -190,12 +191,16 @@ def index_shards(
 def prefetched_micro_batches() -> int:
     """Micro-batches the pipeline holds at most — the one being assembled and the prefetched
     ones, each at most `batch_seconds` of features — plus one for the `PREPARED_AHEAD`
-    utterances read and prepared beyond them: its host memory bound."""
+    utterances read and prepared beyond them (audio shards: up to 33, each ~1 MB at 30 s):
+    its host memory bound."""
     return 2 + _PREFETCH
 
 
 _PREFETCH = 2
 _PARALLEL = 4  # utterances parsed and augmented at once (a bounded read-ahead)
+# Audio shards compute each utterance's features: as many at once as there are cores (at
+# most 16; each in flight is one utterance's audio and features, ~1 MB per 30 s).
+_PARALLEL_AUDIO = max(_PARALLEL, min(16, len(os.sched_getaffinity(0))))
 # No tf.data autotuning: every buffer and parallelism above is fixed, and the autotuning
 # thread made destroying a spent iterator block for up to a minute (TF 2.21; measured in
 # the mini recipe: "releasing" an epoch's iterator took 56 s, stalling the dev decode or
@@ -296,7 +301,8 @@ def make_dataset(
         output_signature=(tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64),
                           tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.float32)),
     )  # fmt: skip
-    dataset = dataset.map(prepare, num_parallel_calls=_PARALLEL, deterministic=True)
+    parallel = _PARALLEL if audio is None else _PARALLEL_AUDIO
+    dataset = dataset.map(prepare, num_parallel_calls=parallel, deterministic=True)
     # A micro-batch's utterances arrive together and fill its window exactly: each window
     # is emitted as soon as its last utterance is prepared.
     dataset = dataset.group_by_window(
