@@ -66,7 +66,7 @@ def _use_workers(args: argparse.Namespace) -> list[str]:
     """--workers/--worker-index as TF_CONFIG for this process; the override they imply."""
     import os
 
-    from asrkit.cluster import ClusterError, parse_workers
+    from asrkit.training.cluster import ClusterError, parse_workers
 
     if args.start_timeout <= 0:
         raise ClusterError(f"--start-timeout {args.start_timeout:g}: give seconds > 0")

@@ -20,10 +20,10 @@ from asrkit.decoding.ctc_greedy import ctc_greedy_search
 from asrkit.decoding.found import Found
 from asrkit.decoding.fusion import FusionTables
 from asrkit.decoding.fusion_steps import as_tensors
-from asrkit.decoding.greedy import greedy_search
+from asrkit.decoding.greedy import greedy_continue, greedy_search, greedy_start
 from asrkit.decoding.strategies import METHODS, check, decoder_of
 from asrkit.decoding.tdt_beam import tdt_beam_search
-from asrkit.decoding.tdt_greedy import tdt_greedy_search
+from asrkit.decoding.tdt_greedy import tdt_greedy_continue, tdt_greedy_search, tdt_greedy_start
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
 
@@ -155,6 +155,14 @@ _SEARCHES = {  # one per row of STRATEGIES
     ("ctc", "ctc"): lambda model, encoded, lengths, options, boost: _one(ctc_greedy_search(
         model, encoded, lengths)),
 }  # fmt: skip
+
+
+# How a stream starts and continues a greedy search (a row of STRATEGIES that streams with
+# one hypothesis; the beam's stream steps are `asrkit.decoding.beam`'s).
+GREEDY_STREAM_STEPS = {
+    ("rnnt", "greedy"): (greedy_start, greedy_continue),
+    ("tdt", "greedy"): (tdt_greedy_start, tdt_greedy_continue),
+}
 
 
 def describe(options: DecodeOptions) -> str:

@@ -29,9 +29,8 @@ import tensorflow as tf
 from asrkit.config import DecodeConfig, FeatureConfig
 from asrkit.decoding.beam import Beams, beam_continue, beam_found, beam_start, taken_back
 from asrkit.decoding.fusion_steps import as_tensors, start_states
-from asrkit.decoding.greedy import greedy_continue, greedy_start
+from asrkit.decoding.search import GREEDY_STREAM_STEPS
 from asrkit.decoding.strategies import check
-from asrkit.decoding.tdt_greedy import tdt_greedy_continue, tdt_greedy_start
 from asrkit.decoding.words import SUBSAMPLING
 from asrkit.errors import UserError
 from asrkit.features import encoder_frames, log_mel, nemo_settings, num_frames
@@ -75,7 +74,8 @@ class StreamingDecoder:
                 f"{type(network.encoder).__name__} attends to the whole utterance"
             )
         method = "beam" if int(beam) > 1 else "greedy"
-        check(method, network.config, streaming=True)  # the strategy table's refusal
+        found = check(method, network.config, streaming=True)  # the strategy table's refusal
+        self.greedy_steps = GREEDY_STREAM_STEPS.get((found.decoder, found.method))
         if features.kind == "nemo" and features.normalize != "none":
             raise UserError(
                 "streaming needs features without per-utterance normalisation (NeMo's "
@@ -137,7 +137,7 @@ class StreamingDecoder:
             return (
                 beams if self.boost is None else (beams, start_states(self.boost, [1, self.beam]))
             )
-        start = tdt_greedy_start if self.network.joint.durations else greedy_start
+        start, _ = self.greedy_steps
         carry = start(self.network, 1)
         return carry if self.boost is None else (*carry, start_states(self.boost, [1]))
 
@@ -195,7 +195,7 @@ class StreamingDecoder:
         ready = tf.shape(encoded)[1]
         if self.beam > 1:
             return self._beam_search(encoded, ready, state, last)
-        search = tdt_greedy_continue if self.network.joint.durations else greedy_continue
+        _, search = self.greedy_steps
         found, carry = search(
             self.network, encoded, ready[None], state.carry, self.max_symbols_per_step,
             first_frame=state.frames, boost=self.boost,

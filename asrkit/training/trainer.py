@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import shutil
 import signal
 import threading
@@ -45,14 +44,6 @@ from asrkit.checkpoints import (
     load_matching_weights,
     restore,
     set_aside,
-)
-from asrkit.cluster import (
-    DEFAULT_START_TIMEOUT,
-    Cluster,
-    cluster_from_tf_config,
-    lost_worker,
-    meet,
-    settings_of,
 )
 from asrkit.config import ExperimentConfig, dump_config
 from asrkit.data.audio_shards import OnTheFly, on_the_fly
@@ -91,6 +82,15 @@ from asrkit.outputs import writable_directory
 from asrkit.tokenizer import Tokenizer
 from asrkit.training.adapting import from_base
 from asrkit.training.callbacks import StopRequest, TrainingProgress
+from asrkit.training.cluster import (
+    DEFAULT_START_TIMEOUT,
+    any_worker,
+    cluster_of,
+    meet,
+    naming_a_lost_worker,
+    settings_of,
+    worker_role,
+)
 from asrkit.training.probe import largest_micro_batch, probe_memory
 from asrkit.training.setup import (
     accumulation_steps,
@@ -129,16 +129,16 @@ def train(
 
     `train.strategy=multiworker` with TF_CONFIG set: the workers meet first (every one within
     `start_timeout` seconds, with the same settings and experiment directory; see
-    `asrkit.cluster`), and a worker lost during training ends the others with
+    `asrkit.training.cluster`), and a worker lost during training ends the others with
     `WorkerLost`."""
     start = time.monotonic()
     check_trainable(config)
     for message in config_cautions(config):
         warnings.warn(message, stacklevel=2)
-    cluster = _cluster(config)
+    cluster = cluster_of(config)
     if cluster is not None:
         meet(cluster, Path(exp_dir), settings_of(config), start_timeout)
-    with process_settings(config), _naming_a_lost_worker(cluster, Path(exp_dir)):
+    with process_settings(config), naming_a_lost_worker(cluster, Path(exp_dir)):
         strategy = resolve_strategy(config.train.strategy)
         run = _open_run(config, Path(exp_dir), strategy, log)
         data = _plan_data(run, strategy.num_replicas_in_sync)
@@ -149,7 +149,7 @@ def train(
         state = _check_data_plan(state, data, run.log, new_epoch_order)
         _record_config(run)  # only now: a refused resume leaves the experiment as it was
         _record_training_lengths(run, data)
-        agree = _any_worker(strategy) if cluster is not None else None
+        agree = any_worker(strategy) if cluster is not None else None
         try:
             with _stop_on_signals(run.log, agree) as stop:
                 result = _run_epochs(task, run, data, state, stop, base)
@@ -174,7 +174,7 @@ class _Run(NamedTuple):
 
 
 def _open_run(config: ExperimentConfig, exp_dir: Path, strategy, log) -> _Run:
-    chief, worker = _worker_role(strategy)
+    chief, worker = worker_role(strategy)
     # Every worker writes checkpoints (saving can need collectives), only the chief where
     # they are kept; the others write to a scratch directory and log nothing.
     save_dir = exp_dir if chief else exp_dir / f".worker-{worker}"
@@ -353,37 +353,6 @@ def _parameters(task) -> int:
     return sum(int(np.prod(v.shape)) for v in task.trainable_variables)
 
 
-def _cluster(config: ExperimentConfig) -> Cluster | None:
-    text = os.environ.get("TF_CONFIG")
-    if config.train.strategy != "multiworker" or not text:
-        return None  # without TF_CONFIG, TensorFlow runs the strategy as one worker
-    return cluster_from_tf_config(text)
-
-
-@contextlib.contextmanager
-def _naming_a_lost_worker(cluster: Cluster | None, exp_dir: Path):
-    """TensorFlow's error when a collective's peer went away, as `WorkerLost` naming it and
-    the checkpoint a restart resumes from."""
-    try:
-        yield
-    except (tf.errors.UnavailableError, tf.errors.AbortedError,
-            tf.errors.DeadlineExceededError, tf.errors.CancelledError) as err:  # fmt: skip
-        if cluster is None:
-            raise
-        found = list_checkpoints(exp_dir / "checkpoints")
-        raise lost_worker(cluster, err, found[-1].name if found else None) from None
-
-
-def _any_worker(strategy):
-    """flag -> whether any worker's flag is set: one small all-reduce over the workers."""
-
-    def agree(flag: bool) -> bool:
-        value = strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
-        return bool(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None) > 0)
-
-    return agree
-
-
 @contextlib.contextmanager
 def _stop_on_signals(log, agree=None):
     """SIGTERM/SIGINT set a flag the training loop reads at window boundaries; the first
@@ -500,18 +469,6 @@ def _dev_wer(network, config: ExperimentConfig, tokenizer, data: _TrainingData) 
         config.features.num_mel_bins, features=config.features,
     )  # fmt: skip
     return report.rates.wer
-
-
-def _worker_role(strategy) -> tuple[bool, int]:
-    """(is this process the chief, its task index) — single-process strategies: (True, 0)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.task_type:
-        return True, 0
-    jobs = resolver.cluster_spec().jobs
-    task_type, task_id = resolver.task_type, int(resolver.task_id or 0)
-    if "chief" in jobs:
-        return task_type == "chief", task_id
-    return task_type == "worker" and task_id == 0, task_id
 
 
 def _silent(*_args) -> None:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from asrkit.cluster import (
+from asrkit.training.cluster import (
     MARKER,
     Cluster,
     ClusterError,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import secrets
 import socket
@@ -373,3 +374,52 @@ _REASONS = (  # what TensorFlow's message says -> in a few words
     ("failed to connect", "cannot connect to it"),
     ("Deadline Exceeded", "a collective timed out"),
 )
+
+
+def cluster_of(config) -> Cluster | None:
+    """The cluster a multiworker run's TF_CONFIG describes (None: one process)."""
+    text = os.environ.get("TF_CONFIG")
+    if config.train.strategy != "multiworker" or not text:
+        return None  # without TF_CONFIG, TensorFlow runs the strategy as one worker
+    return cluster_from_tf_config(text)
+
+
+@contextlib.contextmanager
+def naming_a_lost_worker(cluster: Cluster | None, exp_dir: Path):
+    """TensorFlow's error when a collective's peer went away, as `WorkerLost` naming it and
+    the checkpoint a restart resumes from."""
+    import tensorflow as tf
+
+    from asrkit.checkpoints import list_checkpoints
+
+    try:
+        yield
+    except (tf.errors.UnavailableError, tf.errors.AbortedError,
+            tf.errors.DeadlineExceededError, tf.errors.CancelledError) as err:  # fmt: skip
+        if cluster is None:
+            raise
+        found = list_checkpoints(exp_dir / "checkpoints")
+        raise lost_worker(cluster, err, found[-1].name if found else None) from None
+
+
+def any_worker(strategy):
+    """flag -> whether any worker's flag is set: one small all-reduce over the workers."""
+    import tensorflow as tf
+
+    def agree(flag: bool) -> bool:
+        value = strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
+        return bool(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None) > 0)
+
+    return agree
+
+
+def worker_role(strategy) -> tuple[bool, int]:
+    """(is this process the chief, its task index) — single-process strategies: (True, 0)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return True, 0
+    jobs = resolver.cluster_spec().jobs
+    task_type, task_id = resolver.task_type, int(resolver.task_id or 0)
+    if "chief" in jobs:
+        return task_type == "chief", task_id
+    return task_type == "worker" and task_id == 0, task_id
