@@ -150,7 +150,10 @@ def test_bench_pipeline_prints_rates_and_padding(tmp_path):
                "--work", str(tmp_path), "--vocab", "30", "--batch-seconds", "20",
                "--repeats", "1")  # fmt: skip
     assert 0 < _figures(r"RTF ([\d.]+)", out)[0] < 1
-    assert _figures(r"pipeline: (\d+) utterances/s", out)[0] > 0
+    sizes = _figures(r"\(([\d.]+)x the FLAC\)", out)  # features (3 speeds), then audio
+    assert len(sizes) == 2 and sizes[0] > 2.5 * sizes[1] and 0.8 < sizes[1] < 1.2
+    assert len(_figures(r"h: (\d+) \(", out)) == 2 and all(_figures(r"h: (\d+) \(", out))
+    assert _figures(r"front end\): (\d+) \(", out)[0] > 0
     efficiencies = _figures(r"(?:bucketed|max) ([\d.]+)", out)
     assert len(efficiencies) == 3 and all(0 < e <= 1 for e in efficiencies)
 
