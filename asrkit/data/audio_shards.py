@@ -7,8 +7,9 @@ epoch, record), so the epoch's lengths, its order and its micro-batches are know
 record is read, and a resumed run reads the same features. Decoding and statistics read
 them at speed 1. A record's features at speed s are what the feature shards would hold
 for that utterance at speed s: the same resampling and the same log-mel (bit for bit when
-computed eagerly, as extraction does; inside tf.data's graph the STFT rounds differently,
-by up to 2e-4 on log-mel values of about 10).
+computed eagerly, as extraction does, for audio read from 16-bit files; inside tf.data's
+graph the STFT rounds differently, by up to 2e-4 on log-mel values of about 10; the faint
+noise of a joined utterance's pauses is stored at 16 bits).
 """
 
 from __future__ import annotations
