@@ -434,7 +434,7 @@ def _plan_data(run: _Run, replicas: int) -> _TrainingData:
     steps = accumulation_steps(config, replicas, seconds)
     log(
         f"asrkit {__version__}: {len(frames)} utterances ({seconds_total / 3600:.2f} h"
-        f"{', at the slowest speed' if audio is not None else ''}), "
+        f"{', at the slowest speed' if audio is not None and len(audio.speeds) > 1 else ''}), "
         f"~{micro} micro-batches of {sizes} per epoch; {steps} per update = effective batch "
         f"{steps * seconds:.0f} s audio"
     )
