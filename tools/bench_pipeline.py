@@ -132,11 +132,11 @@ def main() -> None:
     batches += [current] if current else []
     padded_batches = []
     for batch in batches:
-        lengths = np.array([len(w) for w in batch], np.int32)
-        waves = np.zeros((len(batch), lengths.max()), np.float32)
+        samples = np.array([len(w) for w in batch], np.int32)
+        waves = np.zeros((len(batch), samples.max()), np.float32)
         for row, w in enumerate(batch):
             waves[row, : len(w)] = w
-        padded_batches.append((tf.constant(waves), tf.constant(lengths)))
+        padded_batches.append((tf.constant(waves), tf.constant(samples)))
     elapsed = timed(lambda: [front(w, n) for w, n in padded_batches], repeats=args.repeats)
     total = sum(len(w) for w in every) / 16000
     rate = spread(total / t for t in elapsed)
