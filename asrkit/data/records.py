@@ -349,6 +349,12 @@ def shard_features(shard_dir: str | os.PathLike, features: FeatureConfig):
     return files, dataset
 
 
+def unreadable_of(shard_dir: str | os.PathLike) -> dict[str, str]:
+    """The utterances extraction skipped because their audio could not be read (id -> why)."""
+    index = Path(shard_dir) / "shards.json"
+    return json.loads(index.read_text()).get("unreadable", {}) if index.exists() else {}
+
+
 def shard_lengths(shard_dir: str | os.PathLike) -> tuple[list[str], np.ndarray]:
     """The shard files of a directory and every record's frame count."""
     files, frames, _ = shard_counts(shard_dir)

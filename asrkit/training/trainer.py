@@ -65,7 +65,7 @@ from asrkit.data.pipeline import (
     pipeline_config,
     prefetched_micro_batches,
 )
-from asrkit.data.records import check_shards, shard_files
+from asrkit.data.records import check_shards, shard_files, unreadable_of
 from asrkit.decoding.runner import decode_shards
 from asrkit.decoding.search import DecodeOptions
 from asrkit.errors import UserError
@@ -416,6 +416,11 @@ def _plan_data(run: _Run, replicas: int) -> _TrainingData:
     index = index_shards(files, config.model.encoder, config.data.train_shards, audio)
     if index.unusable:
         log(f"{index.unusable} utterance(s) have fewer encoder frames than tokens and are skipped")
+    skipped = unreadable_of(config.data.train_shards)
+    if skipped:
+        where = f"{config.data.train_shards}/shards.json"
+        log(f"{len(skipped)} utterance(s) were left out at extraction, their audio unreadable "
+            f"(e.g. {next(iter(skipped))}; listed in {where})")  # fmt: skip
     frames, tokens = index.frames, index.tokens
     pipe = pipeline_config(config, replicas)
     plan = micro_batch_plan(config, frames, tokens, replicas)

@@ -2,6 +2,7 @@
 utterance per epoch): it learns, a run resumed from a mid-epoch checkpoint ends with the
 uninterrupted run's weights, and one update from N micro-batches is their union's."""
 
+import json
 import os
 import shutil
 
@@ -27,6 +28,9 @@ def work(tmp_path_factory):
         write_shards(work / "data" / f"{part}.jsonl", tok, work / "audio" / name, num_shards=2,
                      speeds=speeds, store="audio", show_progress=False,
                      allow_unknown=name == "dev")  # fmt: skip
+    index = work / "audio" / "train" / "shards.json"  # as if extraction had skipped one
+    lost = {"lost-1": "lost.flac: no such audio file"}
+    index.write_text(json.dumps({**json.loads(index.read_text()), "unreadable": lost}))
     text = CONFIG.replace("shards/train", "audio/train").replace("shards/dev", "audio/dev")
     (work / "conf.yaml").write_text(text)
     return work
@@ -48,6 +52,8 @@ def test_training_on_audio_shards_learns_and_resumes_identically(work):
     assert len(losses) == 3 and losses[-1] < losses[0] * 0.8
     assert result.dev_wer is not None
     assert any("at the slowest speed" in line for line in lines)
+    assert any("1 utterance(s) were left out at extraction" in line and "lost-1" in line
+               for line in lines)  # fmt: skip
     resumed = work / "exp_b"
     shutil.copytree(work / "exp_a", resumed)
     checkpoints = CheckpointManager(resumed / "checkpoints").checkpoints()
