@@ -448,7 +448,8 @@ def _provenance(exp_dir, experiment, options: DecodeOptions | None) -> dict:
     search = (
         {"method": "greedy", "beam": 1, "max_symbols_per_step": decode.max_symbols_per_step}
         if options is None
-        else {"method": options.method, "beam": options.beam if options.method == "beam" else 1,
+        else {"method": options.method,
+              "beam": strategy(options.method, config.model).hypotheses(options.beam),
               "max_symbols_per_step": options.max_symbols_per_step}
     )  # fmt: skip
     return {
