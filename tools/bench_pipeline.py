@@ -73,8 +73,8 @@ def main() -> None:
     if not (tok_dir / "tokenizer.model").exists():
         train_tokenizer([u.text for u in utts], tok_dir, args.vocab, "unigram")
     from asrkit.config import FeatureConfig
-    from asrkit.data.audio_shards import on_the_fly
     from asrkit.data.pipeline import index_shards
+    from asrkit.data.records import on_the_fly
     from asrkit.tokenizer import Tokenizer
 
     speeds = tuple(float(s) for s in args.speeds.split(","))

@@ -15,10 +15,7 @@ noise of a joined utterance's pauses is stored at 16 bits).
 from __future__ import annotations
 
 import io
-import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -35,23 +32,6 @@ class OnTheFly:
 
     features: FeatureConfig
     speeds: tuple[float, ...] = (1.0,)  # a training epoch draws one per utterance
-
-
-def shard_store(shard_dir: str | os.PathLike) -> str:
-    """What the records of a shard directory hold (`STORES`; shards.json says)."""
-    index = Path(shard_dir) / "shards.json"
-    if not index.exists():
-        return "features"
-    return json.loads(index.read_text()).get("fingerprint", {}).get("store", "features")
-
-
-def on_the_fly(shard_dir: str | os.PathLike, features: FeatureConfig) -> OnTheFly | None:
-    """For a directory of audio shards, how to compute their features; None for feature
-    shards."""
-    if shard_store(shard_dir) != "audio":
-        return None
-    fingerprint = json.loads((Path(shard_dir) / "shards.json").read_text())["fingerprint"]
-    return OnTheFly(features, tuple(float(s) for s in fingerprint.get("speeds", [1.0])))
 
 
 def encode_flac(samples: np.ndarray, sample_rate: int) -> bytes:

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from asrkit.audio import AudioError
 from asrkit.config import ExperimentConfig, FeatureConfig
-from asrkit.data.audio_shards import STORES, OnTheFly, audio_features, encode_flac, on_the_fly
+from asrkit.data.audio_shards import STORES, OnTheFly, audio_features, encode_flac
 from asrkit.data.joining import JoinedUtterance, JoinSettings, join_consecutive
 from asrkit.data.manifest import Utterance, read_manifest, read_utterance
 from asrkit.errors import UserError
@@ -210,9 +210,8 @@ def write_shards(
         unreadable=dict(sorted(unreadable.items())),
     )
     index = {"manifest": str(manifest), "num_shards": num_shards, "fingerprint": fingerprint}
-    earlier = out_dir / "shards.json"  # a resumed extraction keeps what the first run skipped
-    if earlier.exists():
-        unreadable = {**json.loads(earlier.read_text()).get("unreadable", {}), **unreadable}
+    # a resumed extraction keeps what the first run skipped
+    unreadable = {**unreadable_of(out_dir), **unreadable}
     if unreadable:  # skipped: what the shards do not hold, and why
         index["unreadable"] = dict(sorted(unreadable.items()))
     (out_dir / "shards.json").write_text(json.dumps(index, indent=2) + "\n")
@@ -349,10 +348,29 @@ def shard_features(shard_dir: str | os.PathLike, features: FeatureConfig):
     return files, dataset
 
 
+def _recorded(shard_dir: str | os.PathLike) -> dict:
+    """A shard directory's shards.json ({} where there is none)."""
+    index = Path(shard_dir) / "shards.json"
+    return json.loads(index.read_text()) if index.exists() else {}
+
+
+def shard_store(shard_dir: str | os.PathLike) -> str:
+    """What the records of a shard directory hold (`STORES`; shards.json says)."""
+    return _recorded(shard_dir).get("fingerprint", {}).get("store", "features")
+
+
+def on_the_fly(shard_dir: str | os.PathLike, features: FeatureConfig) -> OnTheFly | None:
+    """For a directory of audio shards, how to compute their features; None for feature
+    shards."""
+    fingerprint = _recorded(shard_dir).get("fingerprint", {})
+    if fingerprint.get("store", "features") != "audio":
+        return None
+    return OnTheFly(features, tuple(float(s) for s in fingerprint.get("speeds", [1.0])))
+
+
 def unreadable_of(shard_dir: str | os.PathLike) -> dict[str, str]:
     """The utterances extraction skipped because their audio could not be read (id -> why)."""
-    index = Path(shard_dir) / "shards.json"
-    return json.loads(index.read_text()).get("unreadable", {}) if index.exists() else {}
+    return _recorded(shard_dir).get("unreadable", {})
 
 
 def shard_lengths(shard_dir: str | os.PathLike) -> tuple[list[str], np.ndarray]:

@@ -17,10 +17,9 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.config import ExperimentConfig, FeatureConfig
-from asrkit.data.audio_shards import on_the_fly, shard_store
 from asrkit.data.manifest import read_manifest, read_utterance
 from asrkit.data.pipeline import PipelineConfig, bucket_plan
-from asrkit.data.records import parse_example, shard_lengths
+from asrkit.data.records import on_the_fly, parse_example, shard_lengths, shard_store
 from asrkit.decoding.search import DEFAULT_OPTIONS, DecodeOptions, decode_batch
 from asrkit.errors import InputError
 from asrkit.features import MIN_FEATURE_FRAMES, compiled_log_mel_batch, normalizer_for

@@ -270,9 +270,8 @@ def plan_training(
     false), so one large card plans for a smaller one."""
     import tensorflow as tf
 
-    from asrkit.data.audio_shards import on_the_fly
     from asrkit.data.pipeline import index_shards
-    from asrkit.data.records import check_shards, shard_files
+    from asrkit.data.records import check_shards, on_the_fly, shard_files
     from asrkit.tokenizer import Tokenizer
     from asrkit.training.memory_meter import MemoryMeter
     from asrkit.training.state_size import check_state_fits, training_state

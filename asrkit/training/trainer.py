@@ -46,7 +46,7 @@ from asrkit.checkpoints import (
     set_aside,
 )
 from asrkit.config import ExperimentConfig, dump_config
-from asrkit.data.audio_shards import OnTheFly, on_the_fly
+from asrkit.data.audio_shards import OnTheFly
 from asrkit.data.batch_plan import mean_micro_batch_seconds, micro_batch_plan
 from asrkit.data.order import (
     DataPlanKey,
@@ -65,7 +65,7 @@ from asrkit.data.pipeline import (
     pipeline_config,
     prefetched_micro_batches,
 )
-from asrkit.data.records import check_shards, shard_files, unreadable_of
+from asrkit.data.records import check_shards, on_the_fly, shard_files, unreadable_of
 from asrkit.decoding.runner import decode_shards
 from asrkit.decoding.search import DecodeOptions
 from asrkit.errors import UserError

@@ -30,10 +30,9 @@ import tensorflow as tf
 
 from asrkit.checkpoints import named_parts
 from asrkit.config import ExperimentConfig
-from asrkit.data.audio_shards import on_the_fly
 from asrkit.data.batch_plan import micro_batch_plan
 from asrkit.data.pipeline import make_dataset, pipeline_config
-from asrkit.data.records import shard_counts
+from asrkit.data.records import on_the_fly, shard_counts
 from asrkit.errors import InputError
 from asrkit.features import normalizer_for
 from asrkit.tokenizer import Tokenizer

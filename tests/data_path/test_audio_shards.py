@@ -10,13 +10,7 @@ import pytest
 import tensorflow as tf
 
 from asrkit.config import FeatureConfig
-from asrkit.data.audio_shards import (
-    OnTheFly,
-    epoch_frames,
-    on_the_fly,
-    shard_store,
-    speed_samples,
-)
+from asrkit.data.audio_shards import OnTheFly, epoch_frames, speed_samples
 from asrkit.data.librispeech import prepare_librispeech
 from asrkit.data.manifest import read_manifest
 from asrkit.data.pipeline import (
@@ -28,9 +22,11 @@ from asrkit.data.pipeline import (
 )
 from asrkit.data.records import (
     ShardMismatch,
+    on_the_fly,
     parse_example,
     shard_features,
     shard_files,
+    shard_store,
     write_shards,
 )
 from asrkit.data.synthetic import make_synthetic_corpus
