@@ -76,18 +76,22 @@ def epoch_frames(samples: np.ndarray, speeds: np.ndarray, features: FeatureConfi
     )
 
 
+def _frames_at_each_speed(samples: np.ndarray, audio: OnTheFly) -> np.ndarray:
+    """[speeds, N]: each record's frames at each of the recorded speeds."""
+    return np.stack([epoch_frames(samples, np.full(len(samples), s), audio.features)
+                     for s in audio.speeds])  # fmt: skip
+
+
 def slowest_frames(samples: np.ndarray, audio: OnTheFly) -> np.ndarray:
     """Each record's frames at the slowest speed (its longest version): what plans buckets
     and memory for every epoch."""
-    return np.max([epoch_frames(samples, np.full(len(samples), s), audio.features)
-                   for s in audio.speeds], axis=0)  # fmt: skip
+    return _frames_at_each_speed(samples, audio).max(axis=0)
 
 
 def fastest_frames(samples: np.ndarray, audio: OnTheFly) -> np.ndarray:
     """Each record's frames at the fastest speed (its shortest version): a record is usable
     when even that one has enough encoder frames for its tokens."""
-    return np.min([epoch_frames(samples, np.full(len(samples), s), audio.features)
-                   for s in audio.speeds], axis=0)  # fmt: skip
+    return _frames_at_each_speed(samples, audio).min(axis=0)
 
 
 def audio_features(audio: tf.Tensor, speed: tf.Tensor, features: FeatureConfig) -> tf.Tensor:

@@ -218,26 +218,29 @@ def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.with_options(_OPTIONS)
 
 
-def epoch_speeds_of(
+def epoch_speeds_and_lengths(
     index: RecordIndex, audio: OnTheFly | None, *, training: bool, seed: int, epoch: int
-) -> np.ndarray:
-    """Each record's speed factor in this epoch: drawn from `audio.speeds` in training,
-    1 otherwise (and for feature shards, whose speeds are separate records)."""
-    if audio is None or not training:
-        return np.ones(len(index.frames))
-    return epoch_speeds(len(index.frames), audio.speeds, order_seed(seed, epoch))
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each record's speed factor in this epoch (drawn from `audio.speeds` in training, 1
+    otherwise and for feature shards, whose speeds are separate records) and its feature
+    frames at that speed."""
+    if audio is None:
+        return np.ones(len(index.frames)), index.frames
+    if index.samples is None:
+        raise InputError(f"{index.files[0]}: not an audio shard (no sample counts)")
+    if training:
+        speeds = epoch_speeds(len(index.frames), audio.speeds, order_seed(seed, epoch))
+    else:
+        speeds = np.ones(len(index.frames))
+    return speeds, epoch_frames(index.samples, speeds, audio.features)
 
 
 def epoch_lengths(
     index: RecordIndex, audio: OnTheFly | None, *, training: bool, seed: int, epoch: int
 ) -> np.ndarray:
     """Each record's feature frames in this epoch (audio shards: at its drawn speed)."""
-    if audio is None:
-        return index.frames
-    if index.samples is None:
-        raise InputError(f"{index.files[0]}: not an audio shard (no sample counts)")
-    speeds = epoch_speeds_of(index, audio, training=training, seed=seed, epoch=epoch)
-    return epoch_frames(index.samples, speeds, audio.features)
+    when = {"training": training, "seed": seed, "epoch": epoch}
+    return epoch_speeds_and_lengths(index, audio, **when)[1]
 
 
 def make_dataset(
@@ -262,8 +265,8 @@ def make_dataset(
     shards need `audio`: their features are computed here, at the epoch's speeds."""
     index = index if index is not None else index_shards(files, audio=audio)
     when = {"training": training, "seed": seed, "epoch": epoch}
-    frames = epoch_lengths(index, audio, **when)
-    speeds = epoch_speeds_of(index, audio, **when).astype(np.float32)
+    speeds, frames = epoch_speeds_and_lengths(index, audio, **when)
+    speeds = speeds.astype(np.float32)
     plan = epoch_order(frames, boundaries, batch_sizes, seed=seed, epoch=epoch,
                        shuffle=training)[skip_batches:]  # fmt: skip
     key_seed = order_seed(seed, epoch)
