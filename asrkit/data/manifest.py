@@ -121,13 +121,24 @@ def read_usable_manifest(path: str | os.PathLike, option: str = "--manifest") ->
 
 def parse_manifest_line(line: str, path: Path, number: int) -> Utterance:
     """One line of `path` (line `number`, for messages) as an `Utterance`."""
-    where = f"{path}:{number}"
+    return parse_manifest_record(manifest_record(line, path, number), path, number)
+
+
+def manifest_record(line: str, path: Path, number: int) -> dict:
+    """One line of `path` as its JSON object; anything else an error naming the line."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
-        raise ManifestError(f"{where}: not valid JSON ({err.msg})") from None
+        raise ManifestError(f"{path}:{number}: not valid JSON ({err.msg})") from None
     if not isinstance(record, dict):
-        raise ManifestError(f"{where}: expected a JSON object")
+        raise ManifestError(f"{path}:{number}: expected a JSON object")
+    return record
+
+
+def parse_manifest_record(record: dict, path: Path, number: int) -> Utterance:
+    """A manifest line's JSON object (line `number` of `path`) as an `Utterance`; the
+    object is left as it was."""
+    where, record = f"{path}:{number}", dict(record)
     if "audio_filepath" in record:
         return _nemo_entry(record, path, where)
     offset = _offset(record, where)

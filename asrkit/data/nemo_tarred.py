@@ -16,14 +16,18 @@ by the caller); the utterances it returns read their audio from the tar by byte 
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import tarfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asrkit.data.manifest import ManifestError, Utterance, parse_manifest_line
+from asrkit.data.manifest import (
+    ManifestError,
+    Utterance,
+    manifest_record,
+    parse_manifest_record,
+)
 
 _BRACES = re.compile(r"\{([^{}]*)\}")
 _SUB = re.compile(r"^(?P<base>.*)-sub\d+(?P<ext>\.[^.]+)$")
@@ -80,9 +84,9 @@ def read_tarred(manifests: str, tars: str) -> TarredSet:
     for number, manifest in enumerate(manifest_paths):
         for line_number, line in _lines(manifest):
             where = f"{manifest}:{line_number}"
-            entry = json.loads(line)
+            entry = manifest_record(line, Path(manifest), line_number)
             shard = number if len(manifest_paths) > 1 else _shard_id(entry, where, len(tar_paths))
-            utterance = parse_manifest_line(line, Path(manifest), line_number)
+            utterance = parse_manifest_record(entry, Path(manifest), line_number)
             name = str(entry["audio_filepath"])
             member = _member(name, members[shard])
             if member is None:

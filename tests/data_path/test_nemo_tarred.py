@@ -117,6 +117,10 @@ def test_mismatched_patterns_are_refused_naming_them(tmp_path):
         read_tarred(SHARDED, str(FIXTURE / "audio_0.tar"))
     with pytest.raises(ManifestError, match=r"tarred_audio_manifest\.json:3: shard_id 1"):
         read_tarred(str(FIXTURE / "tarred_audio_manifest.json"), str(FIXTURE / "audio_0.tar"))
+    broken = tmp_path / "broken.json"
+    broken.write_text((FIXTURE / "sharded_manifests/manifest_0.json").read_text() + "{oops\n")
+    with pytest.raises(ManifestError, match=r"broken\.json:3: not valid JSON"):
+        read_tarred(str(broken), str(FIXTURE / "audio_0.tar"))
 
 
 @pytest.fixture(scope="module")
