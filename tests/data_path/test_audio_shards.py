@@ -11,7 +11,6 @@ import tensorflow as tf
 
 from asrkit.config import FeatureConfig
 from asrkit.data.audio_shards import OnTheFly, epoch_frames, speed_samples
-from asrkit.data.librispeech import prepare_librispeech
 from asrkit.data.manifest import read_manifest
 from asrkit.data.pipeline import (
     PipelineConfig,
@@ -29,9 +28,9 @@ from asrkit.data.records import (
     shard_store,
     write_shards,
 )
-from asrkit.data.synthetic import make_synthetic_corpus
 from asrkit.features import perturb_speed
-from asrkit.tokenizer import Tokenizer, train_tokenizer
+from asrkit.tokenizer import Tokenizer
+from tests.data_path.conftest import tiny_corpus
 
 SPEEDS = (0.9, 1.0, 1.1)
 
@@ -39,10 +38,7 @@ SPEEDS = (0.9, 1.0, 1.1)
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     work = tmp_path_factory.mktemp("audio_shards")
-    make_synthetic_corpus(work / "corpus", "tiny", seed=3, show_progress=False)
-    prepare_librispeech(work / "corpus", ["train-clean-100"], work, show_progress=False)
-    manifest = work / "train-clean-100.jsonl"
-    tok = train_tokenizer([u.text for u in read_manifest(manifest)] * 3, work / "tok", 28, "char")
+    manifest, tok = tiny_corpus(work, seed=3, vocab=28)
     for store in ("features", "audio"):
         write_shards(manifest, tok, work / store, num_shards=2, speeds=SPEEDS, store=store,
                      show_progress=False)  # fmt: skip

@@ -13,7 +13,6 @@ from asrkit.data.joining import JoinedUtterance, JoinSettings, join_consecutive
 from asrkit.data.manifest import Utterance, read_manifest
 from asrkit.data.records import ShardMismatch, parse_example, write_shards
 from asrkit.features import log_mel
-from tests.data_path.test_records import corpus  # noqa: F401 (the module's fixture)
 
 
 def _utterances(durations_and_speakers):
@@ -50,7 +49,7 @@ def test_every_utterance_lands_once_within_the_rules(share, seed):
         assert items == utts
 
 
-def test_joined_examples_are_the_audio_back_to_back(corpus, tmp_path):  # noqa: F811
+def test_joined_examples_are_the_audio_back_to_back(corpus, tmp_path):
     _, manifest, tok = corpus
     join = JoinSettings(max_seconds=60.0, share=1.0, seed=0)
     write_shards(manifest, tok, tmp_path / "j", num_shards=1, show_progress=False, join=join)
@@ -72,7 +71,7 @@ def test_joined_examples_are_the_audio_back_to_back(corpus, tmp_path):  # noqa: 
         write_shards(manifest, tok, tmp_path / "j", num_shards=1, show_progress=False)
 
 
-def test_joined_examples_with_pauses_hold_the_pauses(corpus, tmp_path):  # noqa: F811
+def test_joined_examples_with_pauses_hold_the_pauses(corpus, tmp_path):
     _, manifest, tok = corpus
     join = JoinSettings(max_seconds=60.0, share=1.0, seed=0, pause_seconds=0.8)
     write_shards(manifest, tok, tmp_path / "j", num_shards=1, show_progress=False, join=join)

@@ -8,7 +8,6 @@ import pytest
 import tensorflow as tf
 
 from asrkit.config import ExperimentConfig, FeatureConfig, load_config
-from asrkit.data.librispeech import prepare_librispeech
 from asrkit.data.manifest import read_manifest
 from asrkit.data.pipeline import PipelineConfig
 from asrkit.data.records import (
@@ -18,21 +17,9 @@ from asrkit.data.records import (
     shard_features,
     write_shards,
 )
-from asrkit.data.synthetic import make_synthetic_corpus
 from asrkit.decoding.runner import decode_shards
 from asrkit.tokenizer import train_tokenizer
 from tests.decoding.conftest import tiny_transducer
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    work = tmp_path_factory.mktemp("records")
-    make_synthetic_corpus(work / "corpus", "tiny", seed=7, show_progress=False)
-    prepare_librispeech(work / "corpus", ["train-clean-100"], work, show_progress=False)
-    manifest = work / "train-clean-100.jsonl"
-    texts = [u.text for u in read_manifest(manifest)]
-    tok = train_tokenizer(texts * 3, work / "tok", 30, "char")
-    return work, manifest, tok
 
 
 def _config(**features):
