@@ -86,6 +86,12 @@ class FeatureConfig:
         if not 0 <= self.lower_edge_hz < self.upper_edge_hz <= self.sample_rate / 2:
             raise ValueError("FeatureConfig: need 0 <= lower_edge_hz < upper_edge_hz <= rate/2")
 
+    @property
+    def lm_tokens_by_id(self) -> bool:
+        """Whether n-gram LMs name this model's pieces by their ids: NeMo's token LMs do,
+        and a model on NeMo's front end was imported from NeMo."""
+        return self.kind == "nemo"
+
 
 # The keys only one kind reads (every other key applies to every kind).
 PREDICTOR_KEYS = {"lstm": ("num_layers", "blank_as_pad"), "stateless": ("context_size",)}

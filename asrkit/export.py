@@ -9,13 +9,15 @@ their tables as inputs: `serve_boosted`, `serve_batch_boosted`):
 Both return, per utterance, "text", "tokens" (int32, -1 past "token_counts"),
 "token_times" (seconds, from the emitting encoder frame), "score" (log-probability),
 the words ("words", "word_starts", "word_ends", "word_confidence", "word_counts"; see
-`asrkit.decoding.words` for the definitions) and the n-best list ("nbest_texts",
-"nbest_scores", "nbest_counts": the beam, best first; one entry for greedy search).
-`serving_default` returns them without the batch axis and without padding (tokens end at
-`token_counts`, the n-best at `nbest_counts`). Features
-(log-mel + the training set's mean/variance), the encoder, the search and detokenisation
-are all TensorFlow ops, so `tf.saved_model.load(dir)` serves it with TensorFlow alone —
-asrkit need not be installed.
+`asrkit.decoding.words` for the definitions), the n-best list ("nbest_texts",
+"nbest_scores", "nbest_counts": the beam, best first; one entry for greedy search) and
+"windows" (how many windows the recording was decoded in). `serving_default` returns them
+without the batch axis and without padding (tokens end at `token_counts`, the n-best at
+`nbest_counts`). The signatures are the stages of `asrkit.decoding.recogniser`, the
+pipeline `asrkit transcribe` and `asrkit decode` run: features (log-mel + the training
+set's mean/variance), the encoder, the search and detokenisation are all TensorFlow ops,
+so `tf.saved_model.load(dir)` serves it with TensorFlow alone — asrkit need not be
+installed.
 """
 
 from __future__ import annotations
@@ -29,53 +31,13 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit import __version__
-from asrkit.decoding.beam import live_slots
 from asrkit.decoding.fusion import FusionTables
 from asrkit.decoding.long_audio import windowing_for
-from asrkit.decoding.search import DecodeOptions, describe, search
+from asrkit.decoding.recogniser import FUSION_SPECS, OUTPUTS, WAVEFORMS_SPECS, Recogniser
+from asrkit.decoding.search import DecodeOptions, describe
 from asrkit.decoding.strategies import strategy
-from asrkit.decoding.windows_graph import graph_windows
-from asrkit.decoding.words import FrameClock, detokenize, timed_words
+from asrkit.decoding.words import FrameClock, detokenize
 from asrkit.experiment import load_experiment, read_training_lengths
-from asrkit.features import MIN_FEATURE_FRAMES, log_mel_batch
-
-OUTPUTS = {
-    "text": "string",
-    "tokens": "int32 [M] (serve_batch: -1 past token_counts)",
-    "token_counts": "int32",
-    "token_times": "float32 [M], seconds (the emitting frame's, less the emission delay)",
-    "token_frames": "int32 [M], the encoder frame that emitted each token (-1 past counts)",
-    "score": "float32, log-probability of the best hypothesis",
-    "words": "string [W] ('' past word_counts)",
-    "word_starts": "float32 [W], seconds",
-    "word_ends": "float32 [W], seconds",
-    "word_confidence": "float32 [W], the lowest posterior of the word's tokens",
-    "word_counts": "int32",
-    "token_words": "int32 [M], the word each token belongs to (-1: none)",
-    "nbest_texts": "string [K], best first (serve_batch: '' past nbest_counts)",
-    "nbest_scores": "float32 [K], log-probabilities",
-    "nbest_counts": "int32",
-}
-
-
-# The tables the boosted signatures take (`asrkit.decoding.fusion`): a phrase list and/or an
-# n-gram LM compiled with the export's own tokenizer (its copy in `tokenizer/`), per request.
-BOOST_SPECS = (
-    tf.TensorSpec([None], tf.int32, name="boost_start"),
-    tf.TensorSpec([None, None], tf.int32, name="boost_next_state"),
-    tf.TensorSpec([None, None], tf.float32, name="boost_bonus"),
-    tf.TensorSpec([None], tf.float32, name="boost_final"),
-)
-
-# Each output of a signature, with what fills a row past its count in serve_batch (its dtype
-# is the output's); the scalars have one value per row.
-PADDING = {
-    "text": "", "tokens": -1, "token_counts": 0, "token_times": 0.0, "token_frames": -1,
-    "score": 0.0, "words": "", "word_starts": 0.0, "word_ends": 0.0, "word_confidence": 0.0,
-    "word_counts": 0, "token_words": -1, "nbest_texts": "", "nbest_scores": 0.0,
-    "nbest_counts": 0,
-}  # fmt: skip
-SCALAR_OUTPUTS = ("text", "token_counts", "score", "word_counts", "nbest_counts")
 
 
 def export_model(
@@ -91,156 +53,16 @@ def export_model(
     the search built into the graph (default: greedy with the experiment's symbols limit).
     `chunk_frames`: another chunk size for a model trained with dynamic chunks."""
     experiment = load_experiment(exp_dir, checkpoint, average, chunk_frames)
-    model, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
+    config, tokenizer = experiment.config, experiment.tokenizer
     options = options or DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
-    normalizer = experiment.normalizer
     features = config.features
-    pieces = tf.constant(tokenizer.surface_pieces())
-    mean = tf.constant(normalizer.mean if normalizer else 0.0, tf.float32)
-    std = tf.constant(normalizer.std if normalizer else 1.0, tf.float32)
-    clock = FrameClock.of(features, experiment.emission_delay, config.model.encoder)
-    rate = features.sample_rate
-    step = round(clock.period * rate)  # samples per encoder frame: windows start on one
     trained = read_training_lengths(exp_dir)
     windowing, _ = windowing_for(trained.max_seconds if trained else None)
-
-    def decode_batch(waveforms, lengths, boost=None):
-        """The search's result for padded waveforms [N, S] of `lengths` samples (`boost`:
-        fusion tables as tensors, or None)."""
-        lengths = tf.cast(lengths, tf.int32)
-        feats, frames = log_mel_batch(waveforms, lengths, features)  # [N, T, F], [N]
-        feats = (feats - mean) / std
-        short = tf.maximum(MIN_FEATURE_FRAMES - tf.shape(feats)[1], 0)
-        feats = tf.pad(feats, [[0, 0], [0, short], [0, 0]])
-        mask = tf.range(tf.shape(feats)[1])[None, :] < frames[:, None]
-        feats = tf.where(mask[:, :, None], feats, 0.0)  # as decoding pads a batch
-        encoded, encoded_lengths = model.encode(feats, frames, training=False)
-        return search(model, encoded, encoded_lengths, options, boost)
-
-    def outputs(tokens, token_frames, log_probs, counts, scores, nbest):
-        """The signature's outputs of the best hypotheses [N, M] and the n-best lists."""
-        nbest_texts, nbest_scores, nbest_counts = nbest
-        return {
-            "text": detokenize(tokens, counts, pieces),
-            "tokens": tokens,
-            "token_counts": counts,
-            "token_times": tf.where(tokens >= 0, clock.seconds(token_frames), 0.0),
-            "token_frames": tf.where(tokens >= 0, token_frames, -1),
-            "score": scores,
-            **timed_words(tokens, token_frames, log_probs, counts, pieces, clock),
-            "nbest_texts": nbest_texts,
-            "nbest_scores": nbest_scores,
-            "nbest_counts": nbest_counts,
-        }
-
-    def transcribe_batch(waveforms, lengths, boost=None):
-        found = decode_batch(waveforms, lengths, boost)
-        alive = live_slots(found.scores)
-        nbest = (
-            tf.where(alive, detokenize(found.tokens, found.counts, pieces), ""),
-            tf.where(alive, found.scores, 0.0),
-            tf.reduce_sum(tf.cast(alive, tf.int32), axis=1),
-        )
-        return outputs(*[x[:, 0] for x in found], nbest)
-
-    def transcribe_windows(waveform, boost=None):
-        """A recording longer than a window: cut and joined as `asrkit transcribe` does
-        (`asrkit.decoding.windows_graph`), one window in memory at a time; the n-best list
-        holds the joined best only."""
-        starts, ends, keep_from, keep_to = graph_windows(waveform, rate, windowing, step)
-
-        def window(i, tokens, frames, log_probs, score):
-            found = decode_batch(
-                waveform[starts[i] : ends[i]][None], (ends[i] - starts[i])[None], boost
-            )
-            best = [x[:, 0] for x in found]  # tokens, frames, log-probs [1, M], count, score
-            words = timed_words(*best[:4], pieces, clock)
-            count = best[3][0]
-            owner = words["token_words"][0, :count]
-            shift = tf.cast(starts[i], tf.float32) / rate
-            start = tf.gather(words["word_starts"][0], tf.maximum(owner, 0)) + shift
-            kept = (owner >= 0) & (start >= keep_from[i]) & (start < keep_to[i])
-
-            def kept_of(values):
-                return tf.boolean_mask(values[0, :count], kept)
-
-            return (
-                i + 1,
-                tf.concat([tokens, kept_of(best[0])], 0),
-                tf.concat([frames, kept_of(best[1]) + starts[i] // step], 0),
-                tf.concat([log_probs, kept_of(best[2])], 0),
-                score + best[4][0],
-            )
-
-        empty = [tf.zeros([0], tf.int32), tf.zeros([0], tf.int32), tf.zeros([0], tf.float32)]
-        _, tokens, frames, log_probs, score = tf.while_loop(
-            lambda i, *_: i < tf.shape(starts)[0], window,
-            (tf.constant(0), *empty, tf.constant(0.0)),
-            shape_invariants=(tf.TensorShape([]), *[tf.TensorShape([None])] * 3,
-                              tf.TensorShape([])),
-            parallel_iterations=1,  # one window in memory at a time (the default runs 10)
-        )  # fmt: skip
-        counts = tf.shape(tokens)[:1]
-        text = detokenize(tokens[None], counts, pieces)
-        return outputs(tokens[None], frames[None], log_probs[None], counts, score[None],
-                       (text[:, None], score[None, None], tf.ones([1], tf.int32)))  # fmt: skip
-
-    def transcribe(waveform, boost=None):
-        length = tf.shape(waveform)[0]
-        whole = length <= int(windowing.max_seconds * rate)
-        result = tf.cond(
-            whole,
-            lambda: transcribe_batch(waveform[None], length[None], boost),
-            lambda: transcribe_windows(waveform, boost),
-        )
-        one = {key: value[0] for key, value in result.items()}
-        # One utterance needs no padding: per-token and n-best outputs end at their counts
-        # (the words already do: their width is this row's count).
-        for key in ("tokens", "token_times", "token_frames", "token_words"):
-            one[key] = one[key][: one["token_counts"]]
-        for key in ("nbest_texts", "nbest_scores"):
-            one[key] = one[key][: one["nbest_counts"]]
-        return one
-
-    def transcribe_rows(waveforms, lengths, boost=None):
-        """Each row as `transcribe` decodes it alone (a long one in windows), one row in
-        memory at a time, padded as `transcribe_batch` pads its outputs."""
-        rows = tf.shape(waveforms)[0]
-        arrays = {
-            key: tf.TensorArray(tf.constant(fill).dtype, size=rows, infer_shape=False)
-            for key, fill in PADDING.items()
-        }
-
-        def row(i, arrays):
-            one = transcribe(waveforms[i, : lengths[i]], boost)
-            return i + 1, {key: arrays[key].write(i, one[key]) for key in arrays}
-
-        _, arrays = tf.while_loop(
-            lambda i, _: i < rows, row, (tf.constant(0), arrays), parallel_iterations=1
-        )
-        padded = {}
-        for key, fill in PADDING.items():
-            if key in SCALAR_OUTPUTS:
-                padded[key] = arrays[key].stack()
-            else:
-                widths = tf.map_fn(lambda i, a=arrays[key]: tf.shape(a.read(i))[0],
-                                   tf.range(rows), fn_output_signature=tf.int32)  # fmt: skip
-                ragged = tf.RaggedTensor.from_row_lengths(arrays[key].concat(), widths)
-                padded[key] = ragged.to_tensor(default_value=fill)
-        return padded
-
-    def serve_batch(waveforms, lengths, boost=None):
-        """Rows within a window: decoded together; a batch with a longer row: row by row,
-        each as serving_default decodes it (bounded memory, the same result per row)."""
-        longest = tf.reduce_max(tf.concat([tf.cast(lengths, tf.int32), [0]], 0))
-        return tf.cond(
-            longest <= int(windowing.max_seconds * rate),
-            lambda: transcribe_batch(waveforms, lengths, boost),
-            lambda: transcribe_rows(waveforms, tf.cast(lengths, tf.int32), boost),
-        )
+    recogniser = Recogniser.of(experiment, options, windowing)
+    clock = recogniser.clock
 
     def boosted(fn):
-        """`fn` with the fusion tables as four more inputs (`BOOST_SPECS`)."""
+        """`fn` with the fusion tables as four more inputs (`FUSION_SPECS`)."""
 
         def with_tables(*inputs):
             *audio, start, next_state, bonus, final = inputs
@@ -253,28 +75,15 @@ def export_model(
     # Not `archive.track(model)`: Keras would save the model's variables twice (as tracked
     # and again as the endpoints' own), doubling the file. The endpoints' variables are
     # saved once, with them.
-    archive.add_endpoint(
-        "serve", transcribe, input_signature=[tf.TensorSpec([None], tf.float32, name="waveform")]
-    )
-    archive.add_endpoint(
-        "serve_batch",
-        serve_batch,
-        input_signature=[
-            tf.TensorSpec([None, None], tf.float32, name="waveforms"),
-            tf.TensorSpec([None], tf.int32, name="lengths"),
-        ],
-    )
+    waveform = tf.TensorSpec([None], tf.float32, name="waveform")
+    archive.add_endpoint("serve", recogniser.one, input_signature=[waveform])
+    archive.add_endpoint("serve_batch", recogniser.batch, input_signature=list(WAVEFORMS_SPECS))
     boosting = strategy(options.method, config.model).fusion  # CTC search takes none
     if boosting:
-        archive.add_endpoint(
-            "serve_boosted", boosted(transcribe),
-            input_signature=[tf.TensorSpec([None], tf.float32, name="waveform"), *BOOST_SPECS],
-        )  # fmt: skip
-        archive.add_endpoint(
-            "serve_batch_boosted", boosted(serve_batch),
-            input_signature=[tf.TensorSpec([None, None], tf.float32, name="waveforms"),
-                             tf.TensorSpec([None], tf.int32, name="lengths"), *BOOST_SPECS],
-        )  # fmt: skip
+        archive.add_endpoint("serve_boosted", boosted(recogniser.one),
+                             input_signature=[waveform, *FUSION_SPECS])  # fmt: skip
+        archive.add_endpoint("serve_batch_boosted", boosted(recogniser.batch),
+                             input_signature=[*WAVEFORMS_SPECS, *FUSION_SPECS])  # fmt: skip
     archive.write_out(str(out), verbose=False)
     # the tokenizer a client compiles phrase lists and LMs with (`transcribe --model --boost`)
     shutil.copytree(experiment.tokenizer.model_path.parent, out / "tokenizer", dirs_exist_ok=True)
@@ -461,7 +270,7 @@ def _provenance(exp_dir, experiment, options: DecodeOptions | None) -> dict:
             key: getattr(decode, key) for key in ("boost_weight", "lm_weight", "lodr_weight")
         },
         # NeMo's token LMs name pieces by id (`asrkit lm` reads them so for imported models)
-        "nemo_ids": config.features.kind == "nemo",
+        "nemo_ids": config.features.lm_tokens_by_id,
     }
 
 

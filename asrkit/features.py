@@ -31,19 +31,7 @@ DEFAULT_FEATURES = FeatureConfig()
 
 def num_frames(num_samples, config: FeatureConfig = DEFAULT_FEATURES):
     """Feature frames for `num_samples` samples; works on ints, NumPy arrays and tensors."""
-    if config.kind == "nemo":
-        if isinstance(num_samples, int | np.integer):
-            return int(num_samples) // config.frame_step
-        return num_samples // config.frame_step
-    if isinstance(num_samples, int | np.integer):
-        if num_samples < config.frame_length:
-            return 0
-        return 1 + (int(num_samples) - config.frame_length) // config.frame_step
-    frames = 1 + (num_samples - config.frame_length) // config.frame_step
-    zero = num_samples * 0
-    if isinstance(num_samples, np.ndarray):
-        return np.where(num_samples < config.frame_length, zero, frames)
-    return tf.where(num_samples < config.frame_length, zero, frames)
+    return front_end(config).frames(num_samples)
 
 
 def conv_frames(frames):
@@ -104,12 +92,7 @@ def nemo_settings(config: FeatureConfig):
 def log_mel_batch(waveforms, lengths, config: FeatureConfig = DEFAULT_FEATURES):
     """Zero-padded waveforms [B, S] and their lengths [B] -> (features [B, T, F], valid
     frames [B]); frames past each utterance's own are not meaningful (callers mask them)."""
-    lengths = tf.cast(lengths, tf.int32)
-    if config.kind == "nemo":
-        from asrkit.nemo_mel import nemo_log_mel
-
-        return nemo_log_mel(waveforms, lengths, nemo_settings(config))
-    return log_mel(waveforms, config), num_frames(lengths, config)
+    return front_end(config).batch(waveforms, tf.cast(lengths, tf.int32))
 
 
 @functools.lru_cache(maxsize=8)
@@ -124,37 +107,141 @@ def compiled_log_mel_batch(config: FeatureConfig):
 def log_mel(samples: tf.Tensor, config: FeatureConfig = DEFAULT_FEATURES) -> tf.Tensor:
     """[..., N] float waveform in [-1, 1] -> [..., num_frames(N), num_mel_bins] float32.
     (`kind: nemo`: one waveform [N]; its per-utterance normalisation needs the whole.)"""
-    if config.kind == "nemo":
+    return front_end(config).one(samples)
+
+
+class LogMelFrontEnd:
+    """asrkit's front end (`features.kind: asrkit`): a framed STFT without padding,
+    TensorFlow's mel matrix, log(x + floor)."""
+
+    centred = False  # frame t covers samples [t·step, t·step + length)
+
+    def __init__(self, config: FeatureConfig):
+        self.config = config
+
+    def frames(self, num_samples):
+        """Feature frames for `num_samples` samples (ints, NumPy arrays and tensors)."""
+        config = self.config
+        if isinstance(num_samples, int | np.integer):
+            if num_samples < config.frame_length:
+                return 0
+            return 1 + (int(num_samples) - config.frame_length) // config.frame_step
+        frames = 1 + (num_samples - config.frame_length) // config.frame_step
+        zero = num_samples * 0
+        if isinstance(num_samples, np.ndarray):
+            return np.where(num_samples < config.frame_length, zero, frames)
+        return tf.where(num_samples < config.frame_length, zero, frames)
+
+    def batch(self, waveforms, lengths):
+        """Padded waveforms [B, S], lengths [B] -> (features [B, T, F], frames [B])."""
+        return self.one(waveforms), self.frames(lengths)
+
+    def one(self, samples) -> tf.Tensor:
+        """[..., N] -> [..., frames(N), F]."""
+        config = self.config
+        samples = tf.cast(samples, tf.float32)
+        length = tf.shape(samples)[-1]
+        # Shorter than one frame: pad to one frame (stft cannot make zero), then drop it.
+        short = tf.maximum(config.frame_length - length, 0)
+        paddings = tf.concat([tf.zeros([tf.rank(samples) - 1, 2], tf.int32), [[0, short]]], 0)
+        samples = tf.pad(samples, paddings)
+        stft = tf.signal.stft(
+            samples,
+            frame_length=config.frame_length,
+            frame_step=config.frame_step,
+            fft_length=config.fft_length,
+            window_fn=tf.signal.hann_window,
+            pad_end=False,
+        )
+        power = tf.square(tf.abs(stft))
+        weights = tf.signal.linear_to_mel_weight_matrix(
+            num_mel_bins=config.num_mel_bins,
+            num_spectrogram_bins=config.fft_length // 2 + 1,
+            sample_rate=config.sample_rate,
+            lower_edge_hertz=config.lower_edge_hz,
+            upper_edge_hertz=config.upper_edge_hz,
+        )
+        mel = tf.tensordot(power, weights, axes=1)
+        # A gather, not a [..., :n, :] slice: LiteRT has no ellipsis slices (streaming export).
+        frames = tf.range(self.frames(length))
+        return tf.gather(tf.math.log(mel + config.log_floor), frames, axis=-2)
+
+    # Streaming: a stream's samples arrive in pieces (`asrkit.decoding.streaming`).
+    samples_before = 0  # samples a stream starts with (zeros before its start)
+
+    def check_streams(self) -> None:
+        """Raises `InputError` when these features cannot be computed piece by piece."""
+
+    def stream(self, samples, dtype=tf.float64):
+        """A stream's samples so far -> (the features of the frames now whole [m, F], how
+        many samples to drop before the next piece)."""
+        made = self.frames(tf.shape(samples)[0])
+        return self.one(samples)[:made], made * self.config.frame_step
+
+    def stream_end(self, samples, padded_frame: bool, dtype=tf.float64):
+        """The stream's last features, from the samples left at its end (None: none; a
+        partial frame is dropped as in a whole utterance)."""
+        return None
+
+
+class NemoFrontEnd:
+    """NeMo's preprocessor (`features.kind: nemo`, `asrkit.nemo_mel`): a centred STFT,
+    librosa's Slaney mel filterbank, pre-emphasis, optional per-utterance normalisation."""
+
+    centred = True  # frame t is centred at sample t·hop
+
+    def __init__(self, config: FeatureConfig):
+        self.config, self.settings = config, nemo_settings(config)
+        # NeMo's features: from one sample before the first frame (centred: n_fft / 2
+        # samples before the stream's start, zeros)
+        self.samples_before = config.fft_length // 2 + 1
+
+    def frames(self, num_samples):
+        if isinstance(num_samples, int | np.integer):
+            return int(num_samples) // self.config.frame_step
+        return num_samples // self.config.frame_step
+
+    def batch(self, waveforms, lengths):
+        from asrkit.nemo_mel import nemo_log_mel
+
+        return nemo_log_mel(waveforms, lengths, self.settings)
+
+    def one(self, samples) -> tf.Tensor:
+        """One waveform [N] (its per-utterance normalisation needs the whole) -> [T, F]."""
         samples = tf.convert_to_tensor(samples, tf.float32)
         length = tf.shape(samples)[-1]
-        features, valid = log_mel_batch(samples[None], length[None], config)
+        features, valid = self.batch(samples[None], length[None])
         return features[0, : valid[0]]
-    samples = tf.cast(samples, tf.float32)
-    length = tf.shape(samples)[-1]
-    # Shorter than one frame: pad to one frame (stft cannot make zero), then drop it below.
-    short = tf.maximum(config.frame_length - length, 0)
-    paddings = tf.concat([tf.zeros([tf.rank(samples) - 1, 2], tf.int32), [[0, short]]], 0)
-    samples = tf.pad(samples, paddings)
-    stft = tf.signal.stft(
-        samples,
-        frame_length=config.frame_length,
-        frame_step=config.frame_step,
-        fft_length=config.fft_length,
-        window_fn=tf.signal.hann_window,
-        pad_end=False,
-    )
-    power = tf.square(tf.abs(stft))
-    weights = tf.signal.linear_to_mel_weight_matrix(
-        num_mel_bins=config.num_mel_bins,
-        num_spectrogram_bins=config.fft_length // 2 + 1,
-        sample_rate=config.sample_rate,
-        lower_edge_hertz=config.lower_edge_hz,
-        upper_edge_hertz=config.upper_edge_hz,
-    )
-    mel = tf.tensordot(power, weights, axes=1)
-    # A gather, not a [..., :n, :] slice: LiteRT has no ellipsis slices (streaming export).
-    frames = tf.range(num_frames(length, config))
-    return tf.gather(tf.math.log(mel + config.log_floor), frames, axis=-2)
+
+    def check_streams(self) -> None:
+        if self.config.normalize != "none":
+            raise InputError(
+                "streaming needs features without per-utterance normalisation (NeMo's "
+                f"normalize: NA); this model's are normalised {self.config.normalize!r} over "
+                "each whole utterance"
+            )
+
+    def stream(self, samples, dtype=tf.float64):
+        from asrkit.nemo_mel import stream_log_mel
+
+        return stream_log_mel(samples, self.settings, False, dtype)
+
+    def stream_end(self, samples, padded_frame: bool, dtype=tf.float64):
+        """The last frames, those NeMo's centred STFT pads (`padded_frame`: and the frame
+        of zeros past the valid length that NeMo's features tensor holds and its
+        cache-aware streaming buffer passes on)."""
+        from asrkit.nemo_mel import stream_log_mel
+
+        mel, _ = stream_log_mel(samples, self.settings, True, dtype)
+        if padded_frame:
+            mel = tf.concat([mel, tf.zeros([1, self.config.num_mel_bins])], axis=0)
+        return mel
+
+
+@functools.lru_cache(maxsize=16)
+def front_end(config: FeatureConfig) -> LogMelFrontEnd | NemoFrontEnd:
+    """The front end a config names, chosen here once for every caller."""
+    return NemoFrontEnd(config) if config.kind == "nemo" else LogMelFrontEnd(config)
 
 
 def perturb_speed(samples: np.ndarray, factor: float, sample_rate: int = 16_000) -> np.ndarray:

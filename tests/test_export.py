@@ -19,10 +19,11 @@ from asrkit.cli.main import main
 from asrkit.config import DataConfig, ExperimentConfig, dump_config
 from asrkit.data.librispeech import prepare_librispeech
 from asrkit.data.manifest import read_manifest
+from asrkit.decoding.recogniser import OUTPUTS, PADDING, Recogniser
 from asrkit.decoding.runner import decode_manifest
 from asrkit.decoding.transcribe import NetworkRecogniser, transcribe_files
 from asrkit.experiment import adopt_assets, build_network, load_experiment, write_timing
-from asrkit.export import OUTPUTS, PADDING, export_model
+from asrkit.export import export_model
 from asrkit.features import GlobalNormalizer, log_mel
 from asrkit.tokenizer import train_tokenizer
 from tests.tiny import tiny_model_config
@@ -176,8 +177,9 @@ def test_exported_model_serves_without_asrkit_and_matches_decode(experiment, tmp
     single, batch = exported["single"], exported["batch"]
 
     loaded = load_experiment(exp)
-    model, config, tokenizer = loaded.network, loaded.config, loaded.tokenizer
-    report = decode_manifest(model, work / "data" / "test-real.jsonl", tokenizer, config)
+    config, tokenizer = loaded.config, loaded.tokenizer
+    report = decode_manifest(Recogniser.of(loaded), work / "data" / "test-real.jsonl", tokenizer,
+                             config.data.batch_seconds)  # fmt: skip
     decoded = {u.id: u.hypothesis for u in report.utterances}
     transcribed = transcribe_files(NetworkRecogniser.of(loaded), paths)
     assert loaded.emission_delay == delay
@@ -340,12 +342,11 @@ def test_exported_beam_search_matches_beam_decoding(experiment, tmp_path):
     assert "beam 4" in json.loads((out / "asrkit_export.json").read_text())["decoding"]
     serve = tf.saved_model.load(str(out)).signatures["serving_default"]
     loaded = load_experiment(exp)
-    model, config, tokenizer = loaded.network, loaded.config, loaded.tokenizer
     paths = [u.audio_path for u in utts[:3]]
-    found = transcribe_files(NetworkRecogniser(model, tokenizer, config, options), paths)
+    found = transcribe_files(NetworkRecogniser.of(loaded, options), paths)
     expected = _by_path(found)
     expected_nbest = {t.path: t.nbest for t in found}
-    greedy = _by_path(transcribe_files(NetworkRecogniser(model, tokenizer, config), paths))
+    greedy = _by_path(transcribe_files(NetworkRecogniser.of(loaded), paths))
     assert any(expected[p].tokens != greedy[p].tokens for p in paths)  # beam is not greedy here
     for path in paths:
         result = serve(waveform=tf.constant(read_audio(path)))
@@ -489,7 +490,7 @@ def test_streaming_export_serves_pieces_without_asrkit(kind, request, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     streamed = json.loads(run.stdout.strip().splitlines()[-1])
     experiment_ = load_experiment(exp)
-    recogniser = NetworkRecogniser(experiment_.network, experiment_.tokenizer, experiment_.config)
+    recogniser = NetworkRecogniser.of(experiment_)
     whole = transcribe_files(recogniser, paths)
     for got, want in zip(streamed, whole, strict=True):
         assert got["tokens"] == want.hypothesis.tokens
@@ -612,7 +613,8 @@ def test_windows_fit_the_recorded_training_length_and_a_longer_one_warns(
 ):
     """An experiment trained on utterances of up to 3 s: transcribe's default windows
     (segment and contexts) stay within 3 s, with an export too (it carries the length);
-    a longer window asked for is used, with one warning line."""
+    a longer window asked for is used, with one warning line (an export, which cuts its
+    own windows, refuses it naming them)."""
     import shutil
 
     import soundfile
@@ -637,21 +639,28 @@ def test_windows_fit_the_recorded_training_length_and_a_longer_one_warns(
         result = json.loads(capsys.readouterr().out)
         assert result["windows"] >= seconds / 3.0  # segments of at most 2.4 s
         capsys.readouterr()
+        longer = ["transcribe", str(long_file), *source_args, "--format", "json",
+                  "--max-seconds", "8"]  # fmt: skip
+        if source_args[0] == "--model":  # the export's windows are its own: named, refused
+            assert main(longer) == 2
+            err = capsys.readouterr().err
+            assert "--max-seconds 8:" in err and "segments of up to 2.4 s" in err
+            continue
         with pytest.warns(UserWarning, match=r"longer than anything.*trained on \(3\.0 s\)"):
-            assert main(["transcribe", str(long_file), *source_args, "--format", "json",
-                         "--max-seconds", "8"]) == 0  # fmt: skip
+            assert main(longer) == 0
         assert json.loads(capsys.readouterr().out)["windows"] < result["windows"]
 
 
 def test_the_export_decodes_a_long_waveform_in_windows_as_transcribe_does(experiment, tmp_path):
     """A model trained on utterances of up to 3 s, exported: serving_default cuts a longer
-    waveform at the same quiet points as `asrkit transcribe` and joins the same words (text,
-    word times, tokens), one window in memory at a time."""
+    waveform at the same quiet points as the NumPy oracle and joins the same words (text,
+    word times, tokens), one window in memory at a time; `asrkit transcribe` alike."""
     import shutil
 
-    from asrkit.decoding.long_audio import windowing_for
+    from asrkit.decoding.long_audio import Windowing, windowing_for
     from asrkit.decoding.transcribe import NetworkRecogniser, transcribe_files
     from asrkit.experiment import TrainingLengths, write_training_lengths
+    from tests.decoding.window_oracle import transcribe_in_windows
 
     _, source, utts = experiment
     exp = tmp_path / "exp"
@@ -668,8 +677,12 @@ def test_the_export_decodes_a_long_waveform_in_windows_as_transcribe_does(experi
     assert info["window_context_seconds"] == pytest.approx(0.3)
     got = tf.saved_model.load(str(out)).signatures["serving_default"](waveform=tf.constant(audio))
     windowing, _ = windowing_for(3.0)
-    [want] = transcribe_files(NetworkRecogniser.of(load_experiment(exp)), [long_file],
-                              windowing=windowing)  # fmt: skip
+    # the oracle: the windows planned in NumPy, each decoded whole, joined in Python
+    whole = NetworkRecogniser.of(load_experiment(exp), windowing=Windowing(max_seconds=1e6))
+    want = transcribe_in_windows(whole, audio, windowing)
+    [here] = transcribe_files(NetworkRecogniser.of(load_experiment(exp), windowing=windowing),
+                              [long_file])  # fmt: skip
+    assert here.text == want.text and here.hypothesis.tokens == want.hypothesis.tokens
     assert want.windows >= 4 and len(want.words) > 10
     assert got["text"].numpy().decode() == want.text
     assert [w.decode() for w in got["words"].numpy()] == [w.text for w in want.words]

@@ -99,19 +99,18 @@ def load_test_set(args):
     16: (network, tokenizer, config, batches, normalised references)."""
     from asrkit.audio import read_audio
     from asrkit.data.manifest import read_manifest
-    from asrkit.decoding.runner import featurise_samples
+    from asrkit.decoding.recogniser import Recogniser
+    from asrkit.decoding.runner import padded_waveforms
     from asrkit.experiment import load_experiment
-    from asrkit.features import normalizer_for
     from asrkit.metrics import normalize
 
     experiment = load_experiment(args.exp_dir, average=args.average)
     network, tokenizer, config = experiment.network, experiment.tokenizer, experiment.config
     utts = read_manifest(args.manifest)
     audio = [read_audio(u.audio_path, config.features.sample_rate) for u in utts]
-    normalize_features = normalizer_for(config.data.cmvn)
+    featurise = Recogniser.of(experiment).featurise
     groups = [list(range(i, min(i + 16, len(utts)))) for i in range(0, len(utts), 16)]
-    batches = [featurise_samples([audio[i] for i in g], config.features, normalize_features)
-               for g in groups]  # fmt: skip
+    batches = [featurise(*padded_waveforms([audio[i] for i in g])) for g in groups]
     return network, tokenizer, config, batches, [normalize(u.text) for u in utts]
 
 
@@ -122,8 +121,7 @@ def decode_texts(network, tokenizer, batches, options, boost) -> list[str]:
 
     texts = []
     for batch in batches:
-        found = decode_batch(network, batch.features, batch.feature_lengths, tokenizer,
-                             options, boost)  # fmt: skip
+        found = decode_batch(network, *batch, tokenizer, options, boost)
         texts += [h.text for h in found]
     return [normalize(t) for t in texts]
 

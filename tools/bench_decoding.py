@@ -36,6 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+    from asrkit.decoding.recogniser import Recogniser
     from asrkit.decoding.runner import decode_manifest
     from asrkit.decoding.search import DecodeOptions
     from asrkit.experiment import load_experiment
@@ -50,7 +51,7 @@ def main() -> None:
     methods = [("greedy", None)] + [(f"beam {b}", int(b)) for b in args.beams.split(",")]
     for method, beam in methods:
         rtfs, wers = [[] for _ in experiments], [None] * len(experiments)
-        options = []
+        options, recognisers = [], []
         for e in experiments:
             s = e.config.decode.max_symbols_per_step
             options.append(
@@ -58,11 +59,13 @@ def main() -> None:
                 if beam
                 else DecodeOptions("greedy", max_symbols_per_step=s)
             )
-            decode_manifest(e.network, args.manifest, e.tokenizer, e.config, options[-1])  # trace
+            recognisers.append(Recogniser.of(e, options[-1]))
+            decode_manifest(recognisers[-1], args.manifest, e.tokenizer,
+                            e.config.data.batch_seconds)  # trace  # fmt: skip
         for _ in range(args.repeats):
             for i, e in enumerate(experiments):
                 report = decode_manifest(
-                    e.network, args.manifest, e.tokenizer, e.config, options[i]
+                    recognisers[i], args.manifest, e.tokenizer, e.config.data.batch_seconds
                 )
                 rtfs[i].append(report.rtf)
                 wers[i] = report.rates.wer

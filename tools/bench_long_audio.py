@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     )
     symbols = experiment.config.decode.max_symbols_per_step
     options = DecodeOptions(args.method, 4 if args.method == "beam" else 1, symbols)
-    recognise = NetworkRecogniser.of(experiment, options)
+    recognise = NetworkRecogniser.of(experiment, options, windowing=windowing)
     refs = [u.text for u in utts]
     with tempfile.TemporaryDirectory() as tmp:
         long_path = Path(tmp) / "long.wav"
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         found = []
 
         def transcribe_long():
-            found[:] = transcribe_files(recognise, [long_path], windowing=windowing)
+            found[:] = transcribe_files(recognise, [long_path])
 
         wall = timed(transcribe_long, repeats=args.repeats, warmup=0)
     [long] = found

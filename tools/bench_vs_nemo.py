@@ -123,11 +123,16 @@ def _asrkit(request: dict) -> dict:
     waves = _waves(utterances)
     out = {}
     if request["task"] == "decode":
-        from asrkit.decoding.runner import featurise_samples
-        from asrkit.decoding.search import DecodeOptions, decode_batch, search
+        from asrkit.decoding.recogniser import WAVEFORMS_SPECS, Recogniser
+        from asrkit.decoding.runner import padded_waveforms
+        from asrkit.decoding.search import DecodeOptions, search
 
-        config, network, normalize = experiment.config, experiment.network, experiment.normalizer
+        config, network = experiment.config, experiment.network
         options = DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
+        recogniser = Recogniser.of(experiment, options)
+        featurise = tf.function(
+            recogniser.featurise, input_signature=WAVEFORMS_SPECS, autograph=False
+        )
         encode = tf.function(lambda f, n: network.encode(f, n, training=False),
                              reduce_retracing=True, autograph=False)  # fmt: skip
         find = tf.function(lambda e, n: search(network, e, n, options),
@@ -137,20 +142,17 @@ def _asrkit(request: dict) -> dict:
             groups = [waves[i : i + per_call] for i in range(0, len(waves), per_call)]
 
             def whole(groups=groups):
-                for group in groups:  # the path of asrkit decode / transcribe
-                    batch = featurise_samples(group, config.features, normalize)
-                    decode_batch(network, batch.features, batch.feature_lengths, None, options)
+                for group in groups:  # the path of asrkit decode
+                    recogniser.find_waveforms(*padded_waveforms(group)).scores.numpy()
 
             out[f"greedy RTF, {per_call} per call"] = _median_time(whole) / seconds
-            batches = [featurise_samples(g, config.features, normalize) for g in groups]
-            encoded = [encode(b.features, b.feature_lengths) for b in batches]
+            batches = [featurise(*padded_waveforms(g)) for g in groups]
+            encoded = [encode(*b) for b in batches]
             stages = {
                 "features": lambda groups=groups: [
-                    featurise_samples(g, config.features, normalize) for g in groups
+                    featurise(*padded_waveforms(g))[0].numpy() for g in groups
                 ],
-                "encoder": lambda batches=batches: [
-                    encode(b.features, b.feature_lengths)[0].numpy() for b in batches
-                ],
+                "encoder": lambda batches=batches: [encode(*b)[0].numpy() for b in batches],
                 "search": lambda encoded=encoded: [find(e, n).scores.numpy() for e, n in encoded],
             }
             for stage, fn in stages.items():
@@ -159,11 +161,14 @@ def _asrkit(request: dict) -> dict:
         from asrkit.decoding.boosting import Phrase, boost_tables, phrase_sequences
         from asrkit.decoding.fusion import combine
         from asrkit.decoding.fusion_steps import as_tensors
-        from asrkit.decoding.runner import featurise_samples
+        from asrkit.decoding.recogniser import WAVEFORMS_SPECS, Recogniser
+        from asrkit.decoding.runner import padded_waveforms
         from asrkit.decoding.search import DecodeOptions, search
 
-        config, network, normalize = experiment.config, experiment.network, experiment.normalizer
+        config, network = experiment.config, experiment.network
         options = DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
+        featurise = tf.function(Recogniser.of(experiment, options).featurise,
+                                input_signature=WAVEFORMS_SPECS, autograph=False)  # fmt: skip
         phrases = [Phrase(p, request["boost_weight"]) for p in request["boost"]]
         tables = as_tensors(combine(boost_tables(
             phrase_sequences(phrases, experiment.tokenizer), network.vocab_size
@@ -175,8 +180,8 @@ def _asrkit(request: dict) -> dict:
         seconds = sum(len(w) for w in waves) / 16000
         for per_call in (1, 16):
             groups = [waves[i : i + per_call] for i in range(0, len(waves), per_call)]
-            batches = [featurise_samples(g, config.features, normalize) for g in groups]
-            encoded = [encode(b.features, b.feature_lengths) for b in batches]
+            batches = [featurise(*padded_waveforms(g)) for g in groups]
+            encoded = [encode(*b) for b in batches]
             texts = {}
             for label, boost in (("plain", None), ("boosted", tables)):
 

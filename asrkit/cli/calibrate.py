@@ -4,6 +4,7 @@ store it in the experiment, so word times (transcribe, export) say when words be
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from asrkit.cli.options import (
@@ -63,9 +64,8 @@ def run(args: argparse.Namespace) -> int:
     options = search_options(
         args, experiment.config.decode.max_symbols_per_step, experiment.config.model
     )
-    recognise = NetworkRecogniser(
-        experiment.network, experiment.tokenizer, experiment.config, options
-    )  # delay 0: measure the frames' own times
+    # delay 0: measure the frames' own times
+    recognise = NetworkRecogniser.of(dataclasses.replace(experiment, emission_delay=0.0), options)
     start = time.perf_counter()
     delay = measure_emission_delay(recognise, [u.audio_path for u in utterances])
     path = write_timing(

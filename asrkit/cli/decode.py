@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         read_usable_manifest(args.manifest)
     from asrkit.data.pipeline import pipeline_config
     from asrkit.data.records import check_shards
+    from asrkit.decoding.recogniser import Recogniser
     from asrkit.decoding.runner import decode_manifest, decode_shards
     from asrkit.experiment import load_experiment
 
@@ -61,17 +62,15 @@ def run(args: argparse.Namespace) -> int:
     network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     options = search_options(args, config.decode.max_symbols_per_step, config.model)
     boost = fusion.tables(tokenizer, network.vocab_size, config.decode,
-                          nemo_ids=config.features.kind == "nemo")  # fmt: skip
+                          nemo_ids=config.features.lm_tokens_by_id)  # fmt: skip
+    recogniser = Recogniser.of(experiment, options)
     if args.shards:
         check_shards(args.shards, config, tokenizer)
-        report = decode_shards(
-            network, args.shards, tokenizer, pipeline_config(config), experiment.normalizer,
-            options, config.features.num_mel_bins, args.normalizer, boost, config.features,
-        )  # fmt: skip
+        report = decode_shards(recogniser, args.shards, tokenizer, pipeline_config(config),
+                               args.normalizer, boost)  # fmt: skip
     else:
-        report = decode_manifest(
-            network, args.manifest, tokenizer, config, options, args.normalizer, boost
-        )
+        report = decode_manifest(recogniser, args.manifest, tokenizer, config.data.batch_seconds,
+                                 args.normalizer, boost)  # fmt: skip
     r = report.rates
     weights = experiment.weights
     method = f"beam {args.beam}" if args.method == "beam" else args.method

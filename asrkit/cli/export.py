@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
         tokenizer = Tokenizer.load(Path(args.exp_dir) / TOKENIZER_DIR)
         fusion = read.tables(tokenizer, tokenizer.vocab_size, recorded.decode,
-                             nemo_ids=recorded.features.kind == "nemo")  # fmt: skip
+                             nemo_ids=recorded.features.lm_tokens_by_id)  # fmt: skip
         described = _described(read.spec, recorded.decode)
     with replacing_directory(args.out, "--out", args.force) as out:
         from asrkit.decoding.search import describe

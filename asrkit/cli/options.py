@@ -103,7 +103,7 @@ def check_before_loading(args: argparse.Namespace, config, fusion=None) -> None:
 
         tokenizer = Tokenizer.load(config.data.tokenizer)
         pieces = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
-        fusion.check_pieces(pieces, config.features.kind == "nemo")
+        fusion.check_pieces(pieces, config.features.lm_tokens_by_id)
 
 
 def experiment_or_config(

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
     recognise = (
         _model_recogniser(args, fusion) if args.model
-        else _experiment_recogniser(args, fusion, recorded)
+        else _experiment_recogniser(args, fusion, recorded, windowing)
     )  # fmt: skip
     unreadable = []  # one bad file among several: the others are transcribed, it is named
     if args.streaming:
@@ -142,8 +142,7 @@ def run(args: argparse.Namespace) -> int:
             except AudioError as err:
                 unreadable.append(err)
     else:
-        found = transcribe_files(recognise, args.files, windowing=windowing,
-                                 unreadable=unreadable)  # fmt: skip
+        found = transcribe_files(recognise, args.files, unreadable=unreadable)
     render = {
         "text": formats.as_text,
         "json": lambda t: formats.as_json(t, args.nbest),
@@ -212,7 +211,7 @@ def _stream(recognise, path: str, args):
     return stream_file(recognise, path, args.chunk_seconds, args.realtime, show)
 
 
-def _experiment_recogniser(args, fusion, recorded):
+def _experiment_recogniser(args, fusion, recorded, windowing):
     from asrkit.decoding.transcribe import NetworkRecogniser
     from asrkit.experiment import load_experiment
 
@@ -223,8 +222,8 @@ def _experiment_recogniser(args, fusion, recorded):
     config = experiment.config
     options = search_options(args, config.decode.max_symbols_per_step, config.model)
     boost = fusion.tables(experiment.tokenizer, experiment.network.vocab_size, config.decode,
-                          nemo_ids=config.features.kind == "nemo")  # fmt: skip
-    return NetworkRecogniser.of(experiment, options, boost)
+                          nemo_ids=config.features.lm_tokens_by_id)  # fmt: skip
+    return NetworkRecogniser.of(experiment, options, boost, windowing)
 
 
 def _check_export_options(args) -> None:
@@ -254,6 +253,17 @@ def _check_export_options(args) -> None:
             f"--beam {args.beam}: {args.model} runs {held}; export it again with --method beam "
             f"--beam {args.beam} (or use --exp-dir)"
         )
+    for option, given, held_value in (
+        ("--max-seconds", args.max_seconds, info.get("window_seconds")),
+        ("--context-seconds", args.context_seconds, info.get("window_context_seconds")),
+    ):
+        if given is not None and (held_value is None or abs(given - held_value) > 1e-9):
+            raise InputError(
+                f"{option} {given:g}: {args.model} cuts long recordings into segments of up "
+                f"to {info.get('window_seconds', '?')} s with "
+                f"{info.get('window_context_seconds', '?')} s of context each side; use "
+                "--exp-dir to choose other windows"
+            )
     weights = info.get("weights", "the weights it was exported with")
     for option, given in (("--checkpoint", args.checkpoint), ("--average", args.average),
                           ("--chunk-frames/--lookahead-frames", args.chunk_frames)):  # fmt: skip

@@ -1,4 +1,6 @@
-"""Long recordings: cut into overlapping windows at quiet points, joined back by time.
+"""Long recordings: how they are cut into overlapping windows at quiet points and joined
+back by time (the rule `asrkit.decoding.windows_graph` carries out in the recogniser's
+graph, with these settings).
 
 A recording longer than `max_seconds` is cut at the quietest point (lowest short-time
 energy, smoothed over `smooth_seconds` so a pause beats a stop consonant) within the last
@@ -15,12 +17,7 @@ single sentences of 4 s drops most of what follows the first sentence of a 30 s 
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
-
-import numpy as np
-
-from asrkit.decoding.words import Word
 
 ENERGY_HOP_SECONDS = 0.01
 
@@ -84,65 +81,3 @@ def _windowing(max_seconds: float, context_seconds: float) -> Windowing:
         context_seconds=context_seconds,
         search_seconds=min(5.0, max_seconds / 2),
     )
-
-
-@dataclass(frozen=True)
-class Window:
-    start: int  # samples of the recording decoded for this window: [start, end)
-    end: int
-    keep_from: float  # seconds (of the recording): words starting in [keep_from, keep_to)
-    keep_to: float
-
-
-def cut_points(samples: np.ndarray, rate: int, windowing: Windowing) -> list[int]:
-    """Sample positions of the cuts: [0, c1, ..., len(samples)], each segment no longer
-    than `windowing.max_seconds`."""
-    total = len(samples)
-    limit = int(windowing.max_seconds * rate)
-    if total <= limit:
-        return [0, total]
-    hop = max(1, int(ENERGY_HOP_SECONDS * rate))
-    usable = total // hop * hop
-    power = np.mean(np.square(samples[:usable].astype(np.float64)).reshape(-1, hop), axis=1)
-    width = max(1, round(windowing.smooth_seconds / ENERGY_HOP_SECONDS))
-    smooth = np.convolve(power, np.ones(width) / width, mode="same")
-    search = int(windowing.search_seconds * rate)
-    cuts = [0]
-    while total - cuts[-1] > limit:
-        lo = (cuts[-1] + limit - search) // hop
-        hi = min((cuts[-1] + limit) // hop, len(smooth))
-        quietest = lo + int(np.argmin(smooth[lo:hi]))  # the first of equally quiet frames
-        cuts.append(quietest * hop + hop // 2)
-    return [*cuts, total]
-
-
-def plan_windows(
-    samples: np.ndarray, rate: int, windowing: Windowing, step: int = 1
-) -> list[Window]:
-    """The windows to decode; each starts on a multiple of `step` samples (an encoder
-    frame, so token frames shift exactly)."""
-    cuts = cut_points(samples, rate, windowing)
-    context = int(windowing.context_seconds * rate)
-    last = len(cuts) - 2
-    return [
-        Window(
-            start=max(a - context, 0) // step * step,
-            end=min(b + context, len(samples)),
-            keep_from=a / rate if i > 0 else -np.inf,
-            keep_to=b / rate if i < last else np.inf,
-        )
-        for i, (a, b) in enumerate(itertools.pairwise(cuts))
-    ]
-
-
-def join_words(windows: list[Window], words: list[list[Word]], rate: int) -> list[Word]:
-    """Each window's words (times relative to the window) -> the recording's words: shifted
-    to the recording's time and kept where their start falls in the window's segment."""
-    joined = []
-    for window, found in zip(windows, words, strict=True):
-        shift = window.start / rate
-        for word in found:
-            start = word.start + shift
-            if window.keep_from <= start < window.keep_to:
-                joined.append(Word(word.text, start, word.end + shift, word.confidence))
-    return joined

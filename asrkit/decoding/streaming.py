@@ -33,8 +33,7 @@ from asrkit.decoding.search import GREEDY_STREAM_STEPS
 from asrkit.decoding.strategies import check
 from asrkit.decoding.words import SUBSAMPLING
 from asrkit.errors import UserError
-from asrkit.features import encoder_frames, log_mel, nemo_settings, num_frames
-from asrkit.nemo_mel import stream_log_mel
+from asrkit.features import encoder_frames, front_end
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
 
@@ -76,14 +75,9 @@ class StreamingDecoder:
         method = "beam" if int(beam) > 1 else "greedy"
         found = check(method, network.config, streaming=True)  # the strategy table's refusal
         self.greedy_steps = GREEDY_STREAM_STEPS.get((found.decoder, found.method))
-        if features.kind == "nemo" and features.normalize != "none":
-            raise UserError(
-                "streaming needs features without per-utterance normalisation (NeMo's "
-                f"normalize: NA); this model's are normalised {features.normalize!r} over "
-                "each whole utterance"
-            )
+        self.front_end = front_end(features)
+        self.front_end.check_streams()
         self.network, self.features, self.normalize = network, features, normalize
-        self.nemo = nemo_settings(features) if features.kind == "nemo" else None
         self.feature_dtype = feature_dtype  # NeMo's spectrum's (LiteRT: float32)
         self.max_symbols_per_step, self.beam = max_symbols_per_step, int(beam)
         # word boosting (`asrkit.decoding.boosting`): the carry then also holds the state
@@ -116,11 +110,8 @@ class StreamingDecoder:
         return tf.nest.pack_sequence_as(template, specs)
 
     def initial_state(self) -> StreamState:
-        # NeMo's features: from one sample before the first frame (centred: n_fft / 2
-        # samples before the stream's start, zeros)
-        before = 0 if self.nemo is None else self.nemo.n_fft // 2 + 1
         return StreamState(
-            samples=tf.zeros([before], tf.float32),
+            samples=tf.zeros([self.front_end.samples_before], tf.float32),
             features=tf.zeros([0, self.features.num_mel_bins], tf.float32),
             encoder=self.network.encoder.initial_stream_state(1),
             carry=self._start(),
@@ -146,13 +137,8 @@ class StreamingDecoder:
         return self._compiled(tf.convert_to_tensor(samples, tf.float32), state)
 
     def _step(self, samples, state: StreamState) -> StreamStep:
-        config = self.features
         samples = tf.concat([state.samples, tf.cast(samples, tf.float32)], axis=0)
-        if self.nemo is not None:
-            mel, used_samples = stream_log_mel(samples, self.nemo, False, self.feature_dtype)
-        else:
-            made = num_frames(tf.shape(samples)[0], config)
-            mel, used_samples = log_mel(samples, config)[:made], made * config.frame_step
+        mel, used_samples = self.front_end.stream(samples, self.feature_dtype)
         if self.normalize is not None:
             mel = self.normalize(mel)
         encoder = self.network.encoder
@@ -173,13 +159,10 @@ class StreamingDecoder:
     def _finish(self, state: StreamState) -> StreamStep:
         encoder = self.network.encoder
         before = None
-        if self.nemo is not None:  # NeMo's last frames: those its centred STFT pads
-            mel, _ = stream_log_mel(state.samples, self.nemo, True, self.feature_dtype)
-            mel = tf.concat([state.features, mel], axis=0)
-            if encoder.keeps_features:
-                # and the frame of zeros past the valid length that NeMo's features tensor
-                # holds and its cache-aware streaming buffer passes on
-                mel = tf.concat([mel, tf.zeros([1, self.nemo.num_mel_bins])], axis=0)
+        last = self.front_end.stream_end(state.samples, encoder.keeps_features,
+                                         self.feature_dtype)  # fmt: skip
+        if last is not None:
+            mel = tf.concat([state.features, last], axis=0)
             before, encoder_state = encoder.stream(mel[None], state.encoder)
             state = state._replace(samples=state.samples[:0], encoder=encoder_state,
                                    features=state.features[:0])  # fmt: skip

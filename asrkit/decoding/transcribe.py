@@ -1,33 +1,34 @@
 """Transcribing audio files: text, timed words and n-best lists, long files in windows.
 
-A recogniser turns waveforms into `Decoded` windows. Two kinds, one result:
-`NetworkRecogniser` runs a loaded experiment's network here; `SavedModelRecogniser` runs an
-`asrkit export` through its `serve_batch` signature (TensorFlow only). `transcribe_files`
-cuts long files (`asrkit.decoding.long_audio`), batches the windows by padded duration,
-and joins each file's windows back by time.
+A recogniser turns waveforms into `Decoded` results. Two kinds, one pipeline:
+`NetworkRecogniser` runs a loaded experiment's network through
+`asrkit.decoding.recogniser` here; `SavedModelRecogniser` runs an `asrkit export` (the
+same stages, saved) through its `serve_batch` signature (TensorFlow only). Both decode a
+recording longer than a window in windows, cut and joined in the graph.
+`transcribe_files` batches the files by padded duration, a long one alone.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from asrkit.audio import AudioError, read_audio
-from asrkit.config import ExperimentConfig
 from asrkit.data.manifest import Utterance, read_utterance
 from asrkit.decoding.beam import beam_found
-from asrkit.decoding.long_audio import Window, Windowing, join_words, plan_windows
-from asrkit.decoding.runner import by_budget, featurise_samples
-from asrkit.decoding.search import DEFAULT_OPTIONS, Hypothesis, decode_nbest, found_hypotheses
+from asrkit.decoding.fusion import FusionTables
+from asrkit.decoding.long_audio import Windowing
+from asrkit.decoding.recogniser import FUSION_SPECS, WAVEFORMS_SPECS, Recogniser
+from asrkit.decoding.runner import by_budget, padded_waveforms
+from asrkit.decoding.search import DEFAULT_OPTIONS, Hypothesis, found_hypotheses
 from asrkit.decoding.strategies import strategy
 from asrkit.decoding.words import Alignment, FrameClock, Word, align, row_words
 from asrkit.errors import InputError
-from asrkit.features import normalizer_for
 from asrkit.tokenizer import Tokenizer
 
 EXPORT_INFO = "asrkit_export.json"
@@ -35,11 +36,13 @@ EXPORT_INFO = "asrkit_export.json"
 
 @dataclass(frozen=True)
 class Decoded:
-    """One waveform's result: the best hypothesis, its timed words, the n-best list."""
+    """One recording's result: the best hypothesis, its timed words, the n-best list
+    (a recording decoded in windows: its joined best only)."""
 
     best: Hypothesis
     alignment: Alignment
     nbest: list[Hypothesis]
+    windows: int = 1
 
 
 @dataclass(frozen=True)
@@ -61,33 +64,44 @@ class Transcript:
 
 
 class NetworkRecogniser:
-    """A loaded network with its tokenizer, feature settings and statistics."""
+    """A loaded network's `Recogniser`, with its tokenizer and fusion tables."""
 
-    def __init__(
-        self,
-        model,
-        tokenizer: Tokenizer,
-        config: ExperimentConfig,
-        options=DEFAULT_OPTIONS,
-        emission_delay: float = 0.0,
-        boost=None,
-    ):
-        self.model, self.tokenizer, self.options = model, tokenizer, options
-        self.boost = boost  # fusion tables (`asrkit.decoding.fusion`) or None
-        self.features = config.features
-        self.sample_rate = config.features.sample_rate
-        self.clock = FrameClock.of(config.features, emission_delay, config.model.encoder)
-        self.normalize = normalizer_for(config.data.cmvn)
+    def __init__(self, recogniser: Recogniser, tokenizer: Tokenizer, boost=None):
+        """`boost`: fusion tables (`asrkit.decoding.fusion`) or None."""
+        self.recogniser, self.tokenizer, self.boost = recogniser, tokenizer, boost
+        self.model, self.options = recogniser.network, recogniser.options
+        self.features, self.clock = recogniser.features, recogniser.clock
+        self.sample_rate, self.window_samples = recogniser.rate, recogniser.window_samples
         self.pieces = tokenizer.surface_pieces()
         self._streaming = None  # made on first use (streaming_decoder)
+        # The recogniser's stages compiled as `transcribe_files` calls them: a batch of
+        # recordings decoded whole, and one recording in windows (each traced on first
+        # use; the export's `serve_batch` holds both behind a condition and traces both).
+        fused = boost is not None
+        tables = FUSION_SPECS if fused else ()
+
+        def with_tables(stage):
+            return lambda *inputs: stage(*inputs[:-4], FusionTables(*inputs[-4:]))
+
+        self._whole = tf.function(
+            with_tables(recogniser.whole) if fused else recogniser.whole,
+            input_signature=(*WAVEFORMS_SPECS, *tables),
+            autograph=False,
+        )
+        self._windowed = tf.function(
+            with_tables(recogniser.windowed) if fused else recogniser.windowed,
+            input_signature=(tf.TensorSpec([None], tf.float32), *tables),
+            autograph=False,
+        )
 
     @classmethod
-    def of(cls, experiment, options=DEFAULT_OPTIONS, boost=None) -> NetworkRecogniser:
-        """A loaded `asrkit.experiment.Experiment`, with its emission delay."""
-        return cls(
-            experiment.network, experiment.tokenizer, experiment.config, options,
-            experiment.emission_delay, boost,
-        )  # fmt: skip
+    def of(
+        cls, experiment, options=DEFAULT_OPTIONS, boost=None, windowing: Windowing | None = None
+    ) -> NetworkRecogniser:
+        """A loaded `asrkit.experiment.Experiment`, with its emission delay; recordings
+        longer than `windowing.max_seconds` (default `Windowing()`) in windows."""
+        recogniser = Recogniser.of(experiment, options, windowing)
+        return cls(recogniser, experiment.tokenizer, boost)
 
     def streaming_decoder(self):
         """The recogniser's search as a `StreamingDecoder`: one per recogniser, so that
@@ -96,24 +110,64 @@ class NetworkRecogniser:
         if self._streaming is None:
             from asrkit.decoding.streaming import StreamingDecoder
 
+            normalize = self.recogniser.normalise
             self._streaming = StreamingDecoder(
-                self.model, self.features, self.normalize, self.options.max_symbols_per_step,
+                self.model, self.features, normalize, self.options.max_symbols_per_step,
                 strategy(self.options.method, self.model.config).hypotheses(self.options.beam),
                 self.boost,
             )  # fmt: skip
         return self._streaming
 
     def __call__(self, waveforms: list[np.ndarray]) -> list[Decoded]:
-        batch = featurise_samples(waveforms, self.features, self.normalize)
-        found = decode_nbest(
-            self.model, batch.features, batch.feature_lengths, self.tokenizer, self.options,
-            self.boost,
-        )  # fmt: skip
-        alignments = align([hyps[0] for hyps in found], self.pieces, self.clock)
-        return [
-            Decoded(hyps[0], alignment, hyps)
-            for hyps, alignment in zip(found, alignments, strict=True)
+        """Waveforms within the window decoded together; a longer one alone, in windows
+        (as the export's signatures decode them)."""
+        tables = () if self.boost is None else tuple(self.boost)
+        if max(len(w) for w in waveforms) <= self.window_samples:
+            return _decoded(self._whole(*padded_waveforms(waveforms), *tables), self.clock)
+        found = []
+        for samples in waveforms:
+            if len(samples) <= self.window_samples:
+                out = self._whole(*padded_waveforms([samples]), *tables)
+            else:
+                out = self._windowed(np.asarray(samples, np.float32), *tables)
+            found += _decoded(out, self.clock)
+        return found
+
+
+def _decoded(out: dict, clock: FrameClock) -> list[Decoded]:
+    return decoded_rows({key: value.numpy() for key, value in out.items()}, clock)
+
+
+def decoded_rows(out: dict, clock: FrameClock) -> list[Decoded]:
+    """The rows of the recogniser's batched outputs (NumPy arrays; an export's too) as
+    `Decoded` results."""
+    decoded = []
+    for row in range(len(out["token_counts"])):
+        n = int(out["token_counts"][row])
+        if "token_frames" in out:
+            frames = out["token_frames"][row, :n]
+        else:  # an export from before token_frames (and emission delays)
+            times = out["token_times"][row, :n]
+            frames = np.rint((times - clock.offset) / clock.period).astype(int)
+        words = row_words(out, row)
+        best = Hypothesis(
+            out["tokens"][row, :n].tolist(),
+            frames.tolist(),
+            float(out["score"][row]),
+            out["text"][row].decode(),
+        )  # per-token log-probs are not among the outputs (word confidences are)
+        windows = int(out["windows"][row]) if "windows" in out else 1
+        nbest = [
+            Hypothesis([], [], float(score), text.decode())
+            for text, score in zip(
+                out["nbest_texts"][row, : out["nbest_counts"][row]],
+                out["nbest_scores"][row, : out["nbest_counts"][row]],
+                strict=True,
+            )
         ]
+        alignment = Alignment(words, out["token_words"][row, :n].tolist())
+        decoded.append(Decoded(best, alignment, nbest, windows))
+    return decoded
 
 
 class SavedModelRecogniser:
@@ -133,6 +187,9 @@ class SavedModelRecogniser:
                 "without the batched signature; export it again with this version"
             )
         self.sample_rate = int(info["sample_rate"])
+        # recordings longer than this are decoded in windows inside the export
+        self.window_samples = int(info.get("window_seconds", Windowing.max_seconds) *
+                                  self.sample_rate)  # fmt: skip
         self.clock = FrameClock(
             info["frame_period"], info["frame_offset"], info.get("emission_delay", 0.0)
         )
@@ -154,55 +211,24 @@ class SavedModelRecogniser:
         }  # fmt: skip
 
     def __call__(self, waveforms: list[np.ndarray]) -> list[Decoded]:
-        lengths = np.array([len(w) for w in waveforms], np.int32)
-        padded = np.zeros((len(waveforms), max(lengths.max(), 1)), np.float32)
-        for row, samples in enumerate(waveforms):
-            padded[row, : lengths[row]] = samples
+        padded, lengths = padded_waveforms(waveforms)
         out = self.serve(waveforms=tf.constant(padded), lengths=tf.constant(lengths),
                          **self.boost)  # fmt: skip
-        out = {key: value.numpy() for key, value in out.items()}
-        decoded = []
-        for row in range(len(waveforms)):
-            n = int(out["token_counts"][row])
-            if "token_frames" in out:
-                frames = out["token_frames"][row, :n]
-            else:  # an export from before token_frames (and emission delays)
-                times = out["token_times"][row, :n]
-                frames = np.rint((times - self.clock.offset) / self.clock.period).astype(int)
-            words = row_words(out, row)
-            best = Hypothesis(
-                out["tokens"][row, :n].tolist(),
-                frames.tolist(),
-                float(out["score"][row]),
-                out["text"][row].decode(),
-            )  # per-token log-probs are not exported (word confidences are)
-            nbest = [
-                Hypothesis([], [], float(score), text.decode())
-                for text, score in zip(
-                    out["nbest_texts"][row, : out["nbest_counts"][row]],
-                    out["nbest_scores"][row, : out["nbest_counts"][row]],
-                    strict=True,
-                )
-            ]
-            alignment = Alignment(words, out["token_words"][row, :n].tolist())
-            decoded.append(Decoded(best, alignment, nbest))
-        return decoded
+        return _decoded(out, self.clock)
 
 
 def transcribe_files(
     recognise,
     paths: list,
     batch_seconds: float = 60.0,
-    windowing: Windowing | None = None,
     unreadable: list[AudioError] | None = None,
 ) -> list[Transcript]:
-    """Each audio file's transcript, in the order given; files longer than
-    `windowing.max_seconds` are decoded in overlapping windows and joined by time.
-    Windows are decoded in batches of at most `batch_seconds` padded audio. An item may be
-    a manifest `Utterance` instead of a path (its segment, if it has one; its transcript
-    is named by its id). With `unreadable` (a list), a file that cannot be read is left
-    out and its error appended there; without it, the error is raised."""
-    windowing = windowing or Windowing()
+    """Each audio file's transcript, in the order given; a file longer than the
+    recogniser's window is decoded in overlapping windows joined by time (inside the
+    recogniser, alone). The others are decoded in batches of at most `batch_seconds` padded
+    audio. An item may be a manifest `Utterance` instead of a path (its segment, if it has
+    one; its transcript is named by its id). With `unreadable` (a list), a file that cannot
+    be read is left out and its error appended there; without it, the error is raised."""
     rate = recognise.sample_rate
     audio = {}
     for item in paths:
@@ -216,26 +242,18 @@ def transcribe_files(
                 raise
             unreadable.append(err)
     paths = list(audio)
-    step = round(recognise.clock.period * rate)  # windows start on encoder frames
-    windows_of = {p: plan_windows(audio[p], rate, windowing, step) for p in paths}
-    jobs = [(p, w) for p in paths for w in windows_of[p]]
-    found: dict[tuple[str, int], Decoded] = {}
-    for group in by_budget(jobs, [(w.end - w.start) / rate for _, w in jobs], batch_seconds):
-        results = recognise([audio[p][w.start : w.end] for p, w in group])
-        found.update(zip(((p, w.start) for p, w in group), results, strict=True))
+    whole = [p for p in paths if len(audio[p]) <= recognise.window_samples]
+    groups = [[p] for p in paths if len(audio[p]) > recognise.window_samples]
+    groups += by_budget(whole, [len(audio[p]) / rate for p in whole], batch_seconds)
+    found: dict[str, Decoded] = {}
+    for group in groups:
+        found.update(zip(group, recognise([audio[p] for p in group]), strict=True))
     out = []
     for path in paths:
-        windows = windows_of[path]
-        decoded = [found[(path, w.start)] for w in windows]
-        duration = len(audio[path]) / rate
-        if len(windows) == 1:
-            one = decoded[0]
-            out.append(Transcript(path, one.best, one.alignment.words, one.nbest, duration))
-            continue
-        words = join_words(windows, [d.alignment.words for d in decoded], rate)
-        joined = _join_hypotheses(windows, decoded, recognise.clock, rate)
-        text = " ".join(w.text for w in words)
-        out.append(Transcript(path, replace(joined, text=text), words, [], duration, len(windows)))
+        one = found[path]
+        nbest = one.nbest if one.windows == 1 else []
+        out.append(Transcript(path, one.best, one.alignment.words, nbest,
+                              len(audio[path]) / rate, one.windows))  # fmt: skip
     return out
 
 
@@ -286,29 +304,3 @@ def stream_file(
         (nbest,) = found_hypotheses(beam_found(state.carry), recogniser.tokenizer)
     (alignment,) = align([hypothesis], recogniser.pieces, recogniser.clock)
     return Transcript(str(path), hypothesis, alignment.words, nbest, len(samples) / rate)
-
-
-def _join_hypotheses(
-    windows: list[Window], decoded: list[Decoded], clock: FrameClock, rate: int
-) -> Hypothesis:
-    """The tokens of the words each window keeps, with frames counted from the file's start."""
-    tokens, frames, log_probs, score = [], [], [], 0.0
-    for window, found in zip(windows, decoded, strict=True):
-        shift = window.start / rate
-        kept = {
-            i
-            for i, word in enumerate(found.alignment.words)
-            if window.keep_from <= word.start + shift < window.keep_to
-        }
-        offset = round(shift / clock.period)  # exact: windows start on encoder frames
-        hyp = found.best
-        per_token = hyp.token_log_probs or [0.0] * len(hyp.tokens)
-        for token, frame, log_prob, word in zip(
-            hyp.tokens, hyp.frames, per_token, found.alignment.token_words, strict=True
-        ):
-            if word in kept:
-                tokens.append(token)
-                frames.append(frame + offset)
-                log_probs.append(log_prob)
-        score += hyp.score
-    return Hypothesis(tokens, frames, score, "", log_probs)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from asrkit.config import FeatureConfig
+from asrkit.features import front_end
 
 SUBSAMPLING = 4  # feature frames per encoder frame (asrkit.features.encoder_frames)
 RECEPTIVE_CENTRE = 3  # the centre of encoder frame 0's feature frames 0 .. 6
@@ -60,7 +61,7 @@ class FrameClock:
         subsampling pads, so its encoder frame t is centred at t x factor x hop."""
         rate = float(features.sample_rate)
         factor = encoder.frames_per_output if encoder is not None else SUBSAMPLING
-        if features.kind == "nemo":
+        if front_end(features).centred:
             offset = 0.0
         else:
             offset = (RECEPTIVE_CENTRE * features.frame_step + features.frame_length / 2) / rate

@@ -66,6 +66,7 @@ from asrkit.data.pipeline import (
     prefetched_micro_batches,
 )
 from asrkit.data.records import check_shards, on_the_fly, shard_files, unreadable_of
+from asrkit.decoding.recogniser import Recogniser
 from asrkit.decoding.runner import decode_shards
 from asrkit.decoding.search import DecodeOptions
 from asrkit.errors import UserError
@@ -469,10 +470,8 @@ def _dataset(config: ExperimentConfig, data: _TrainingData, epoch: int, skip: in
 
 def _dev_wer(network, config: ExperimentConfig, tokenizer, data: _TrainingData) -> float:
     options = DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
-    report = decode_shards(
-        network, config.data.dev_shards, tokenizer, data.pipe, data.normalize, options,
-        config.features.num_mel_bins, features=config.features,
-    )  # fmt: skip
+    recogniser = Recogniser.of_network(network, tokenizer, config, data.normalize, options)
+    report = decode_shards(recogniser, config.data.dev_shards, tokenizer, data.pipe)
     return report.rates.wer
 
 

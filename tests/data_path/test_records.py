@@ -17,6 +17,7 @@ from asrkit.data.records import (
     shard_features,
     write_shards,
 )
+from asrkit.decoding.recogniser import Recogniser
 from asrkit.decoding.runner import decode_shards
 from asrkit.tokenizer import train_tokenizer
 from tests.decoding.conftest import tiny_transducer
@@ -76,7 +77,8 @@ def test_references_are_the_stored_transcripts_not_token_ids(corpus, tmp_path):
     assert all(tok.decode(e["labels"].numpy()) == e["text"].numpy().decode().upper()
                for e in records)  # fmt: skip
     network = tiny_transducer(tok.vocab_size, seed=0)
-    report = decode_shards(network, tmp_path / "s", tok, PipelineConfig(batch_seconds=20.0))
+    recogniser = Recogniser(network, tok.surface_pieces(), FeatureConfig())
+    report = decode_shards(recogniser, tmp_path / "s", tok, PipelineConfig(batch_seconds=20.0))
     assert {u.id: u.reference for u in report.utterances} == {u.id: u.text for u in utts}
 
 

@@ -9,10 +9,11 @@ import pytest
 import soundfile
 
 from asrkit.config import FeatureConfig
-from asrkit.decoding.long_audio import Windowing, cut_points, plan_windows, windowing_for
+from asrkit.decoding.long_audio import Windowing, windowing_for
 from asrkit.decoding.search import Hypothesis
 from asrkit.decoding.transcribe import Decoded, transcribe_files
 from asrkit.decoding.words import Alignment, FrameClock, Word
+from tests.decoding.window_oracle import cut_points, plan_windows, transcribe_in_windows
 
 RATE = 16_000
 LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5)  # a burst's amplitude names its word
@@ -42,6 +43,7 @@ class BurstRecogniser:
     the window's edge is still reported — at the edge, as a model would half-hear it)."""
 
     sample_rate = RATE
+    window_samples = 30 * RATE
     clock = FrameClock.of(FeatureConfig())
 
     def __call__(self, waveforms):
@@ -77,12 +79,12 @@ def test_cuts_fall_in_pauses_and_segments_fit(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_windows_join_every_word_once(seed, tmp_path):
+def test_windows_join_every_word_once(seed):
+    """The oracle's windows (`tests.decoding.window_oracle`) with a recogniser whose every
+    answer is known."""
     samples, truth = bursts(seed)
-    path = tmp_path / "long.wav"
-    soundfile.write(path, samples, RATE)
     windowing = Windowing(max_seconds=4.0, context_seconds=0.8, search_seconds=1.5)
-    [found] = transcribe_files(BurstRecogniser(), [path], windowing=windowing)
+    found = transcribe_in_windows(BurstRecogniser(), samples, windowing)
     assert found.windows == len(plan_windows(samples, RATE, windowing)) > 4
     assert [w.text for w in found.words] == [f"W{level}" for _, level in truth]
     clock = BurstRecogniser.clock
@@ -162,6 +164,7 @@ def _fit_to_the_real_clips(work: Path, steps: int = 300):
 
     from asrkit.audio import read_audio
     from asrkit.config import DataConfig, ExperimentConfig
+    from asrkit.decoding.recogniser import Recogniser
     from asrkit.decoding.search import DecodeOptions
     from asrkit.decoding.transcribe import NetworkRecogniser
     from asrkit.experiment import build_network
@@ -219,8 +222,10 @@ def _fit_to_the_real_clips(work: Path, steps: int = 300):
         loss = step(tf.constant(batch), tf.constant([len(f) for f in feats], tf.int32))
     assert float(loss) < 0.1, f"the model did not fit the clips (loss {float(loss):.3f}/token)"
 
-    def recogniser(method):
-        return NetworkRecogniser(network, tokenizer, config, DecodeOptions(method, 4, 3))
+    def recogniser(method, windowing=None):
+        options = DecodeOptions(method, 4, 3)
+        found = Recogniser.of_network(network, tokenizer, config, normalizer, options, windowing)
+        return NetworkRecogniser(found, tokenizer)
 
     return recogniser, {i: texts[i] for i in ids}
 
@@ -249,7 +254,7 @@ def test_a_real_clip_repeated_gives_the_clips_words_once_per_copy(fitted, tmp_pa
     windowing = Windowing(
         max_seconds=1.3 * duration, context_seconds=0.5, search_seconds=0.6 * duration
     )
-    [long] = transcribe_files(recognise, [path], windowing=windowing)
+    [long] = transcribe_files(recogniser(method, windowing), [path])
     assert long.windows == copies
     assert [w.text for w in long.words] == [w.text for w in single.words] * copies
     # Times count from the file's start: each word near its single-clip time shifted by its

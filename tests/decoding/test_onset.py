@@ -61,6 +61,7 @@ class LateRecogniser:
     (found its own way), at the nearest encoder frame."""
 
     sample_rate = RATE
+    window_samples = 30 * RATE  # longer recordings would be decoded in windows
 
     def __init__(self, delay, clock_delay=0.0):
         self.delay = delay

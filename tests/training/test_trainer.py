@@ -89,15 +89,13 @@ def test_training_learns_and_checkpoints(workdir, uninterrupted):
     assert len(losses) == 3 and losses[-1] < losses[0] * 0.8
     # The dev WER reported is that of the final weights: a decode of the last checkpoint.
     from asrkit.data.pipeline import pipeline_config
+    from asrkit.decoding.recogniser import Recogniser
     from asrkit.decoding.runner import decode_shards
     from asrkit.experiment import load_experiment
 
     final = load_experiment(workdir / "exp_a")
-    decoded = decode_shards(
-        final.network, workdir / "shards" / "dev", final.tokenizer,
-        pipeline_config(final.config), final.normalizer,
-        num_mel_bins=final.config.features.num_mel_bins,
-    )  # fmt: skip
+    decoded = decode_shards(Recogniser.of(final), workdir / "shards" / "dev", final.tokenizer,
+                            pipeline_config(final.config))  # fmt: skip
     assert uninterrupted.dev_wer == pytest.approx(decoded.rates.wer, abs=1e-9)
     checkpoints = CheckpointManager(workdir / "exp_a" / "checkpoints").checkpoints()
     assert len(checkpoints) >= uninterrupted.state.updates
@@ -994,11 +992,12 @@ def test_lm_train_and_decode_with_an_lm(workdir, uninterrupted, tmp_path):
     )
     tables = combine(lm_automaton(lm, pieces, 2.0), lm_automaton(read_arpa(low), pieces, -0.5))
     from asrkit.data.pipeline import pipeline_config
+    from asrkit.decoding.recogniser import Recogniser
     from asrkit.decoding.runner import decode_shards
 
-    report = decode_shards(loaded.network, dev, tokenizer, pipeline_config(loaded.config),
-                           loaded.normalizer, DecodeOptions("beam", 3, 3),
-                           loaded.config.features.num_mel_bins, "basic", tables)  # fmt: skip
+    recogniser = Recogniser.of(loaded, DecodeOptions("beam", 3, 3))
+    report = decode_shards(recogniser, dev, tokenizer, pipeline_config(loaded.config), "basic",
+                           tables)  # fmt: skip
     assert sorted(u.hypothesis for u in report.utterances) == sorted(h[0].strip() for h in fused)
     # The LM moved the search (the three-epoch model may emit nothing on some CPUs' numerics:
     # then there is nothing for it to move).
