@@ -31,11 +31,11 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit import __version__
-from asrkit.decoding.fusion import FusionTables
+from asrkit.decoding.fusion.tables import FusionTables
 from asrkit.decoding.long_audio import windowing_for
 from asrkit.decoding.recogniser import FUSION_SPECS, OUTPUTS, WAVEFORMS_SPECS, Recogniser
-from asrkit.decoding.search import DecodeOptions, describe
-from asrkit.decoding.strategies import strategy
+from asrkit.decoding.search.front import DecodeOptions, describe
+from asrkit.decoding.search.strategies import strategy
 from asrkit.decoding.words import FrameClock, detokenize
 from asrkit.experiment import load_experiment, read_training_lengths
 
@@ -99,7 +99,7 @@ def export_model(
                     "serve_boosted": "serving_default with word boosting and/or LM fusion: "
                     "waveform, and the tables (boost_start, boost_next_state, boost_bonus, "
                     "boost_final) of a phrase list and/or an n-gram LM made with the export's "
-                    "tokenizer (asrkit.decoding.fusion.combine)",
+                    "tokenizer (asrkit.decoding.fusion.tables.combine)",
                     "serve_batch_boosted": "serve_batch with the same tables",
                 }
                 if boosting

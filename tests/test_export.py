@@ -334,7 +334,7 @@ def test_transcribe_cli_with_an_export_and_an_experiment(experiment, tmp_path, c
 def test_exported_beam_search_matches_beam_decoding(experiment, tmp_path):
     import tensorflow as tf
 
-    from asrkit.decoding.search import DecodeOptions
+    from asrkit.decoding.search.front import DecodeOptions
 
     _, exp, utts = experiment
     options = DecodeOptions("beam", beam=4, max_symbols_per_step=2)
@@ -519,9 +519,9 @@ def test_a_streaming_export_with_boosting_and_an_lm_built_in(experiment, tmp_pat
     and its LiteRT model end each clip with the tokens of the network's greedy search with
     the same tables on the whole clip, which differ from the plain search's; the export
     says what it has built in. Without --streaming the options are refused in one line."""
-    from asrkit.decoding.boosting import load_boost
-    from asrkit.decoding.fusion import combine
-    from asrkit.decoding.lm_fusion import lm_automaton
+    from asrkit.decoding.fusion.boosting import load_boost
+    from asrkit.decoding.fusion.lm import lm_automaton
+    from asrkit.decoding.fusion.tables import combine
     from asrkit.ngram import estimate, read_arpa, write_arpa
 
     _, exp, utts = experiment
@@ -720,10 +720,10 @@ def test_the_export_boosts_the_phrases_it_is_given_as_decoding_does(experiment, 
     tables of no phrase give `serve_batch`'s. The phrases are compiled with the tokenizer
     the export carries."""
     from asrkit.cli.main import main
-    from asrkit.decoding.boosting import load_boost, no_boost
-    from asrkit.decoding.fusion import combine
-    from asrkit.decoding.lm_fusion import lm_automaton
-    from asrkit.decoding.search import DecodeOptions
+    from asrkit.decoding.fusion.boosting import load_boost, no_boost
+    from asrkit.decoding.fusion.lm import lm_automaton
+    from asrkit.decoding.fusion.tables import combine
+    from asrkit.decoding.search.front import DecodeOptions
     from asrkit.decoding.transcribe import SavedModelRecogniser
     from asrkit.ngram import estimate, write_arpa
 
@@ -766,7 +766,7 @@ def test_transcribe_with_an_export_uses_what_it_records_and_refuses_what_it_cann
     import shutil
 
     from asrkit.config import DecodeConfig
-    from asrkit.decoding.search import DecodeOptions
+    from asrkit.decoding.search.front import DecodeOptions
     from asrkit.experiment import load_experiment_config
     from asrkit.ngram import estimate, write_arpa
 
@@ -820,7 +820,7 @@ def test_decode_reads_its_config_and_its_phrase_list_once(experiment, tmp_path, 
     """On the way from the command into the package, `asrkit decode --boost --lm` reads the
     experiment's config once and the phrase list and LM once (checked before the model
     loads, then built into the tables from what was read)."""
-    import asrkit.decoding.boosting as boosting
+    import asrkit.decoding.fusion.boosting as boosting
     import asrkit.experiment as experiment_module
     import asrkit.ngram as ngram
     from asrkit.ngram import estimate, write_arpa

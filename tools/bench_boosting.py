@@ -35,9 +35,9 @@ def main(argv=None) -> int:
     add_test_set_arguments(parser)
     args = parser.parse_args(argv)
 
-    from asrkit.decoding.boosting import load_boost, read_phrases
-    from asrkit.decoding.fusion import combine
-    from asrkit.decoding.search import DecodeOptions
+    from asrkit.decoding.fusion.boosting import load_boost, read_phrases
+    from asrkit.decoding.fusion.tables import combine
+    from asrkit.decoding.search.front import DecodeOptions
     from asrkit.metrics import error_rates, normalize
 
     network, tokenizer, config, batches, references = load_test_set(args)
@@ -116,7 +116,7 @@ def load_test_set(args):
 
 def decode_texts(network, tokenizer, batches, options, boost) -> list[str]:
     """Each utterance's normalised hypothesis."""
-    from asrkit.decoding.search import decode_batch
+    from asrkit.decoding.search.front import decode_batch
     from asrkit.metrics import normalize
 
     texts = []
@@ -131,7 +131,7 @@ def time_tables(network, tokenizer, options, name, batches, args, tables, labels
     and with `tables` (median and range over `args.repeats`), and the ratio."""
     import numpy as np
 
-    from asrkit.decoding.search import decode_batch
+    from asrkit.decoding.search.front import decode_batch
 
     feats = np.concatenate([b.features[:, : min(b.features.shape[1] for b in batches)]
                             for b in batches])[: args.timed]  # fmt: skip
@@ -154,8 +154,8 @@ def time_tables(network, tokenizer, options, name, batches, args, tables, labels
 
 
 def _time(network, tokenizer, options, name, batches, args, weight):
-    from asrkit.decoding.boosting import load_boost
-    from asrkit.decoding.fusion import combine
+    from asrkit.decoding.fusion.boosting import load_boost
+    from asrkit.decoding.fusion.tables import combine
 
     boost = combine(load_boost(args.boost, tokenizer, network.vocab_size, weight))
     time_tables(network, tokenizer, options, name, batches, args, boost, ("no boost", "boost"))

@@ -38,7 +38,7 @@ def main() -> None:
 
     from asrkit.decoding.recogniser import Recogniser
     from asrkit.decoding.runner import decode_manifest
-    from asrkit.decoding.search import DecodeOptions
+    from asrkit.decoding.search.front import DecodeOptions
     from asrkit.experiment import load_experiment
 
     experiments = [load_experiment(d, average=args.average) for d in args.exp_dir]

@@ -41,10 +41,10 @@ def main(argv=None) -> int:
     add_test_set_arguments(parser)
     args = parser.parse_args(argv)
 
-    from asrkit.decoding.boosting import read_phrases
-    from asrkit.decoding.fusion import combine
-    from asrkit.decoding.lm_fusion import lm_automaton
-    from asrkit.decoding.search import DecodeOptions
+    from asrkit.decoding.fusion.boosting import read_phrases
+    from asrkit.decoding.fusion.lm import lm_automaton
+    from asrkit.decoding.fusion.tables import combine
+    from asrkit.decoding.search.front import DecodeOptions
     from asrkit.metrics import error_rates, normalize
     from asrkit.ngram import read_arpa
 

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     from asrkit.audio import read_audio
     from asrkit.data.manifest import read_manifest
     from asrkit.decoding.long_audio import windowing_for
-    from asrkit.decoding.search import DecodeOptions
+    from asrkit.decoding.search.front import DecodeOptions
     from asrkit.decoding.transcribe import NetworkRecogniser, transcribe_files
     from asrkit.experiment import load_experiment, read_training_lengths
     from asrkit.metrics import error_rates

@@ -125,7 +125,7 @@ def _asrkit(request: dict) -> dict:
     if request["task"] == "decode":
         from asrkit.decoding.recogniser import WAVEFORMS_SPECS, Recogniser
         from asrkit.decoding.runner import padded_waveforms
-        from asrkit.decoding.search import DecodeOptions, search
+        from asrkit.decoding.search.front import DecodeOptions, search
 
         config, network = experiment.config, experiment.network
         options = DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
@@ -158,12 +158,12 @@ def _asrkit(request: dict) -> dict:
             for stage, fn in stages.items():
                 out[f"  {stage} RTF, {per_call} per call"] = _median_time(fn) / seconds
     elif request["task"] == "boost":
-        from asrkit.decoding.boosting import Phrase, boost_tables, phrase_sequences
-        from asrkit.decoding.fusion import combine
-        from asrkit.decoding.fusion_steps import as_tensors
+        from asrkit.decoding.fusion.boosting import Phrase, boost_tables, phrase_sequences
+        from asrkit.decoding.fusion.steps import as_tensors
+        from asrkit.decoding.fusion.tables import combine
         from asrkit.decoding.recogniser import WAVEFORMS_SPECS, Recogniser
         from asrkit.decoding.runner import padded_waveforms
-        from asrkit.decoding.search import DecodeOptions, search
+        from asrkit.decoding.search.front import DecodeOptions, search
 
         config, network = experiment.config, experiment.network
         options = DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)

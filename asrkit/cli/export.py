@@ -38,7 +38,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrkit.decoding.strategies import check
+    from asrkit.decoding.search.strategies import check
     from asrkit.errors import InputError
     from asrkit.experiment import load_experiment_config
     from asrkit.outputs import replacing_directory, writable_parent
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                              nemo_ids=recorded.features.lm_tokens_by_id)  # fmt: skip
         described = _described(read.spec, recorded.decode)
     with replacing_directory(args.out, "--out", args.force) as out:
-        from asrkit.decoding.search import describe
+        from asrkit.decoding.search.front import describe
         from asrkit.export import convert_to_litert, export_model, export_streaming
 
         if args.streaming:

@@ -62,8 +62,8 @@ def run_train(args: argparse.Namespace) -> int:
     tokens = sum(len(e) for e in encoded)
     print(f"LM: order {lm.order}, {len(sentences)} sentences, {tokens} pieces; {counts} "
           f"-> {args.out}")  # fmt: skip
-    from asrkit.decoding.fusion import MAX_TABLE_ENTRIES
-    from asrkit.decoding.lm_fusion import lm_contexts
+    from asrkit.decoding.fusion.lm import lm_contexts
+    from asrkit.decoding.fusion.tables import MAX_TABLE_ENTRIES
 
     contexts = len(lm_contexts(lm))
     if contexts * tokenizer.vocab_size > MAX_TABLE_ENTRIES:

@@ -49,7 +49,7 @@ def add_fusion_arguments(parser) -> None:
 
 def fusion_spec(args: argparse.Namespace):
     """The fusion (`--boost`, `--lm`, `--lodr` and their weights) the arguments ask for."""
-    from asrkit.decoding.fusion_spec import FUSIONS, FusionSpec
+    from asrkit.decoding.fusion.spec import FUSIONS, FusionSpec
 
     given = {}
     for name in FUSIONS:
@@ -62,14 +62,14 @@ def check_search_arguments(args: argparse.Namespace):
     """The search options' own mistakes, before any model loads: a beam below 1, an
     n-best list from greedy search (which finds one hypothesis), and the fusion options',
     whose files are read here, once. Returns them read (`ReadFusion`)."""
-    from asrkit.decoding.fusion_spec import read_fusion
+    from asrkit.decoding.fusion.spec import read_fusion
     from asrkit.errors import InputError
 
     if args.beam < 1:
         raise InputError(f"--beam must be >= 1, got {args.beam}")
     fusion = read_fusion(fusion_spec(args), args.method)
     if not getattr(args, "model", None):  # an export's own search answers for it
-        from asrkit.decoding.strategies import check
+        from asrkit.decoding.search.strategies import check
 
         check(args.method, nbest=getattr(args, "nbest", 0), beam=args.beam)
     return fusion
@@ -78,8 +78,8 @@ def check_search_arguments(args: argparse.Namespace):
 def search_options(args: argparse.Namespace, max_symbols_per_step: int, model_config=None):
     """The search the arguments ask for; with `model_config` (a ModelConfig), `--method
     ctc` is refused for a model without a CTC head before it loads."""
-    from asrkit.decoding.search import DecodeOptions
-    from asrkit.decoding.strategies import check
+    from asrkit.decoding.search.front import DecodeOptions
+    from asrkit.decoding.search.strategies import check
     from asrkit.errors import InputError
 
     if args.beam < 1:
@@ -92,7 +92,7 @@ def check_before_loading(args: argparse.Namespace, config, fusion=None) -> None:
     """What an experiment's recorded config and tokenizer answer before TensorFlow and the
     model load: the search method against its network, `--chunk-frames`/`--lookahead-frames`
     against its training, and `fusion`'s LMs (a ReadFusion) against its pieces."""
-    from asrkit.decoding.strategies import check
+    from asrkit.decoding.search.strategies import check
     from asrkit.experiment import check_chunk_override
 
     check(args.method, config.model, streaming=getattr(args, "streaming", False))

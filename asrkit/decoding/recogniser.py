@@ -15,11 +15,11 @@ from __future__ import annotations
 import tensorflow as tf
 
 from asrkit.config import FeatureConfig
-from asrkit.decoding.beam import live_slots
-from asrkit.decoding.found import Found
-from asrkit.decoding.fusion import FusionTables
+from asrkit.decoding.fusion.tables import FusionTables
 from asrkit.decoding.long_audio import Windowing
-from asrkit.decoding.search import DEFAULT_OPTIONS, DecodeOptions, search
+from asrkit.decoding.search.beam import live_slots
+from asrkit.decoding.search.found import Found
+from asrkit.decoding.search.front import DEFAULT_OPTIONS, DecodeOptions, search
 from asrkit.decoding.windows_graph import graph_windows
 from asrkit.decoding.words import FrameClock, detokenize, timed_words
 from asrkit.features import MIN_FEATURE_FRAMES, log_mel_batch
@@ -53,7 +53,7 @@ PADDING = {
 }  # fmt: skip
 SCALAR_OUTPUTS = ("text", "token_counts", "score", "word_counts", "nbest_counts", "windows")
 
-# The fusion tables (`asrkit.decoding.fusion`) as inputs: a phrase list and/or an n-gram LM
+# The fusion tables (`asrkit.decoding.fusion.tables`) as inputs: a phrase list and/or an n-gram LM
 # compiled with the model's tokenizer.
 FUSION_SPECS = (
     tf.TensorSpec([None], tf.int32, name="boost_start"),

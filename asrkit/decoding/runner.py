@@ -21,7 +21,7 @@ from asrkit.data.manifest import read_manifest, read_utterance
 from asrkit.data.pipeline import PipelineConfig, bucket_plan
 from asrkit.data.records import on_the_fly, parse_example, shard_lengths
 from asrkit.decoding.recogniser import Recogniser
-from asrkit.decoding.search import found_hypotheses
+from asrkit.decoding.search.front import found_hypotheses
 from asrkit.errors import InputError
 from asrkit.metrics import DEFAULT_SCORER, ErrorRates, error_rates, word_errors
 from asrkit.tokenizer import Tokenizer
@@ -72,7 +72,7 @@ def decode_shards(
 ) -> DecodeReport:
     """Decodes a shard directory through `recogniser` (its features and statistics; audio
     shards featurised at speed 1). `boost`: fusion tables (word boosting, LM:
-    `asrkit.decoding.fusion`) or None."""
+    `asrkit.decoding.fusion.tables`) or None."""
     batches = _shard_batches(shard_dir, pipe, recogniser)
     return _decode(recogniser.find, batches, tokenizer, shard_dir, scorer, boost)
 

@@ -27,10 +27,10 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from asrkit.config import DecodeConfig, FeatureConfig
-from asrkit.decoding.beam import Beams, beam_continue, beam_found, beam_start, taken_back
-from asrkit.decoding.fusion_steps import as_tensors, start_states
-from asrkit.decoding.search import GREEDY_STREAM_STEPS
-from asrkit.decoding.strategies import check
+from asrkit.decoding.fusion.steps import as_tensors, start_states
+from asrkit.decoding.search.beam import Beams, beam_continue, beam_found, beam_start, taken_back
+from asrkit.decoding.search.front import GREEDY_STREAM_STEPS
+from asrkit.decoding.search.strategies import check
 from asrkit.decoding.words import SUBSAMPLING
 from asrkit.errors import UserError
 from asrkit.features import encoder_frames, front_end
@@ -80,7 +80,7 @@ class StreamingDecoder:
         self.network, self.features, self.normalize = network, features, normalize
         self.feature_dtype = feature_dtype  # NeMo's spectrum's (LiteRT: float32)
         self.max_symbols_per_step, self.beam = max_symbols_per_step, int(beam)
-        # word boosting (`asrkit.decoding.boosting`): the carry then also holds the state
+        # word boosting (`asrkit.decoding.fusion.boosting`): the carry then also holds the state
         self.boost = None if boost is None else as_tensors(boost)
         if self.beam < 1:
             raise ValueError(f"beam must be >= 1, got {beam}")

@@ -20,13 +20,13 @@ import tensorflow as tf
 
 from asrkit.audio import AudioError, read_audio
 from asrkit.data.manifest import Utterance, read_utterance
-from asrkit.decoding.beam import beam_found
-from asrkit.decoding.fusion import FusionTables
+from asrkit.decoding.fusion.tables import FusionTables
 from asrkit.decoding.long_audio import Windowing
 from asrkit.decoding.recogniser import FUSION_SPECS, WAVEFORMS_SPECS, Recogniser
 from asrkit.decoding.runner import by_budget, padded_waveforms
-from asrkit.decoding.search import DEFAULT_OPTIONS, Hypothesis, found_hypotheses
-from asrkit.decoding.strategies import strategy
+from asrkit.decoding.search.beam import beam_found
+from asrkit.decoding.search.front import DEFAULT_OPTIONS, Hypothesis, found_hypotheses
+from asrkit.decoding.search.strategies import strategy
 from asrkit.decoding.words import Alignment, FrameClock, Word, align, row_words
 from asrkit.errors import InputError
 from asrkit.tokenizer import Tokenizer
@@ -67,7 +67,7 @@ class NetworkRecogniser:
     """A loaded network's `Recogniser`, with its tokenizer and fusion tables."""
 
     def __init__(self, recogniser: Recogniser, tokenizer: Tokenizer, boost=None):
-        """`boost`: fusion tables (`asrkit.decoding.fusion`) or None."""
+        """`boost`: fusion tables (`asrkit.decoding.fusion.tables`) or None."""
         self.recogniser, self.tokenizer, self.boost = recogniser, tokenizer, boost
         self.model, self.options = recogniser.network, recogniser.options
         self.features, self.clock = recogniser.features, recogniser.clock

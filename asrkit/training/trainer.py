@@ -68,7 +68,7 @@ from asrkit.data.pipeline import (
 from asrkit.data.records import check_shards, on_the_fly, shard_files, unreadable_of
 from asrkit.decoding.recogniser import Recogniser
 from asrkit.decoding.runner import decode_shards
-from asrkit.decoding.search import DecodeOptions
+from asrkit.decoding.search.front import DecodeOptions
 from asrkit.errors import UserError
 from asrkit.experiment import (
     CONFIG_FILE,

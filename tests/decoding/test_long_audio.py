@@ -10,7 +10,7 @@ import soundfile
 
 from asrkit.config import FeatureConfig
 from asrkit.decoding.long_audio import Windowing, windowing_for
-from asrkit.decoding.search import Hypothesis
+from asrkit.decoding.search.front import Hypothesis
 from asrkit.decoding.transcribe import Decoded, transcribe_files
 from asrkit.decoding.words import Alignment, FrameClock, Word
 from tests.decoding.window_oracle import cut_points, plan_windows, transcribe_in_windows
@@ -165,7 +165,7 @@ def _fit_to_the_real_clips(work: Path, steps: int = 300):
     from asrkit.audio import read_audio
     from asrkit.config import DataConfig, ExperimentConfig
     from asrkit.decoding.recogniser import Recogniser
-    from asrkit.decoding.search import DecodeOptions
+    from asrkit.decoding.search.front import DecodeOptions
     from asrkit.decoding.transcribe import NetworkRecogniser
     from asrkit.experiment import build_network
     from asrkit.features import GlobalNormalizer, log_mel

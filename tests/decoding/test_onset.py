@@ -10,7 +10,7 @@ import soundfile
 from asrkit.audio import read_audio
 from asrkit.config import FeatureConfig
 from asrkit.decoding.onset import ImplausibleDelay, measure_emission_delay, speech_onset
-from asrkit.decoding.search import Hypothesis
+from asrkit.decoding.search.front import Hypothesis
 from asrkit.decoding.transcribe import Decoded
 from asrkit.decoding.words import Alignment, FrameClock, Word
 from asrkit.errors import InputError

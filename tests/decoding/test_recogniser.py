@@ -12,7 +12,7 @@ from asrkit.config import FeatureConfig
 from asrkit.decoding.long_audio import Windowing
 from asrkit.decoding.recogniser import WAVEFORMS_SPECS, Recogniser
 from asrkit.decoding.runner import padded_waveforms
-from asrkit.decoding.search import DecodeOptions
+from asrkit.decoding.search.front import DecodeOptions
 from asrkit.decoding.transcribe import decoded_rows
 from asrkit.features import GlobalNormalizer, log_mel
 from tests.decoding.window_oracle import transcribe_in_windows

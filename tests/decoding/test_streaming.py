@@ -13,9 +13,9 @@ import soundfile
 import tensorflow as tf
 
 from asrkit.config import EncoderConfig, FeatureConfig
-from asrkit.decoding.beam import beam_found, beam_search
-from asrkit.decoding.greedy import greedy_search, greedy_start
-from asrkit.decoding.search import found_hypotheses
+from asrkit.decoding.search.beam import beam_found, beam_search
+from asrkit.decoding.search.front import found_hypotheses
+from asrkit.decoding.search.greedy import greedy_search, greedy_start
 from asrkit.decoding.streaming import StreamingDecoder
 from asrkit.errors import UserError
 from asrkit.features import GlobalNormalizer, log_mel
@@ -207,7 +207,7 @@ def tdt_network(request, clip, normalize):
 
 
 def test_a_tdt_stream_finds_the_whole_waveforms_tokens(tdt_network, clip, normalize):
-    from asrkit.decoding.tdt_greedy import tdt_greedy_search
+    from asrkit.decoding.search.tdt_greedy import tdt_greedy_search
 
     features = normalize(log_mel(clip, FEATURES))[None]
     encoded, lengths = tdt_network.encode(features, tf.shape(features)[1][None])
@@ -235,9 +235,9 @@ def _boost_from(tokens, vocab_size):
     """Word-boosting tables of phrases near what the search finds (pairs of its tokens,
     shifted to other ids, so boosting changes the result), with an LM of those shifted
     tokens beside them: two automata."""
-    from asrkit.decoding.boosting import boost_tables
-    from asrkit.decoding.fusion import combine
-    from asrkit.decoding.lm_fusion import lm_automaton
+    from asrkit.decoding.fusion.boosting import boost_tables
+    from asrkit.decoding.fusion.lm import lm_automaton
+    from asrkit.decoding.fusion.tables import combine
     from asrkit.ngram import estimate
 
     shifted = [t % (vocab_size - 1) + 1 for t in tokens]
@@ -254,7 +254,7 @@ def test_a_boosted_stream_finds_what_boosted_search_finds_on_the_whole(
     """Word boosting while streaming: the automaton state rides in the carry, so pieces of
     any size end with the boosted whole-waveform search's tokens (and, for beam search, its
     best hypothesis's score: open matches taken back at the stream's end)."""
-    from asrkit.decoding.fusion_steps import as_tensors
+    from asrkit.decoding.fusion.steps import as_tensors
 
     features = normalize(log_mel(clip, FEATURES))[None]
     encoded, lengths = network.encode(features, tf.shape(features)[1][None])
@@ -286,8 +286,8 @@ def test_a_boosted_stream_finds_what_boosted_search_finds_on_the_whole(
 def test_a_boosted_tdt_stream_finds_what_boosted_search_finds_on_the_whole(
     tdt_network, clip, normalize
 ):
-    from asrkit.decoding.fusion_steps import as_tensors
-    from asrkit.decoding.tdt_greedy import tdt_greedy_search
+    from asrkit.decoding.fusion.steps import as_tensors
+    from asrkit.decoding.search.tdt_greedy import tdt_greedy_search
 
     features = normalize(log_mel(clip, FEATURES))[None]
     encoded, lengths = tdt_network.encode(features, tf.shape(features)[1][None])

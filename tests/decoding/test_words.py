@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from asrkit.config import FeatureConfig
 from asrkit.decoding.formats import CUE_BREAK_SECONDS, as_srt
-from asrkit.decoding.search import Hypothesis
+from asrkit.decoding.search.front import Hypothesis
 from asrkit.decoding.words import (
     SECONDS_PER_CHARACTER,
     FrameClock,

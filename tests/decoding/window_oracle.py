@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from asrkit.decoding.long_audio import ENERGY_HOP_SECONDS, Windowing
-from asrkit.decoding.search import Hypothesis
+from asrkit.decoding.search.front import Hypothesis
 from asrkit.decoding.transcribe import Transcript
 from asrkit.decoding.words import Word
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asrkit.decoding.search import DecodeOptions, decode_batch
+from asrkit.decoding.search.front import DecodeOptions, decode_batch
 from asrkit.experiment import load_experiment
 from asrkit.importers.nemo_model import UnsupportedNemoModel, import_nemo, plan_import
 from tests.importers.clips import clip_features

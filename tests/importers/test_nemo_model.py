@@ -20,7 +20,7 @@ import tensorflow as tf
 import yaml
 
 from asrkit.audio import read_audio
-from asrkit.decoding.search import DecodeOptions, decode_batch
+from asrkit.decoding.search.front import DecodeOptions, decode_batch
 from asrkit.experiment import load_experiment
 from asrkit.importers.nemo_model import UnsupportedNemoModel, import_nemo
 from asrkit.importers.nemo_weights import WeightMismatch
@@ -374,8 +374,8 @@ def test_transcribe_takes_nemos_token_lm_for_an_imported_model(tmp_path, capsys)
     experiment searches with the tables `lm_automaton` makes of it through NeMo's ids (and
     they change what it finds)."""
     from asrkit.cli.main import main
-    from asrkit.decoding.fusion import combine
-    from asrkit.decoding.lm_fusion import lm_automaton, nemo_token_names
+    from asrkit.decoding.fusion.lm import lm_automaton, nemo_token_names
+    from asrkit.decoding.fusion.tables import combine
     from asrkit.decoding.transcribe import NetworkRecogniser, transcribe_files
     from asrkit.ngram import estimate, read_arpa, write_arpa
 

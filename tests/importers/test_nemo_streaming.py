@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from asrkit.audio import read_audio
-from asrkit.decoding.search import DecodeOptions, decode_batch
+from asrkit.decoding.search.front import DecodeOptions, decode_batch
 from asrkit.decoding.streaming import StreamingDecoder
 from asrkit.experiment import load_experiment
 from asrkit.features import log_mel, nemo_settings

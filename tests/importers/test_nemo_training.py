@@ -23,7 +23,7 @@ import pytest
 import tensorflow as tf
 
 from asrkit.checkpoints import named_variables
-from asrkit.decoding.search import DecodeOptions, decode_batch
+from asrkit.decoding.search.front import DecodeOptions, decode_batch
 from asrkit.experiment import build_network, load_experiment
 from asrkit.importers.nemo_archive import read_nemo
 from asrkit.importers.nemo_model import import_nemo

@@ -948,9 +948,9 @@ def test_lm_train_and_decode_with_an_lm(workdir, uninterrupted, tmp_path):
     searches with exactly that LM's tables at the weight asked (weight 0: the plain
     hypotheses), beside LODR; `transcribe --lm` does too."""
     from asrkit.cli.main import main
-    from asrkit.decoding.fusion import combine
-    from asrkit.decoding.lm_fusion import lm_automaton
-    from asrkit.decoding.search import DecodeOptions
+    from asrkit.decoding.fusion.lm import lm_automaton
+    from asrkit.decoding.fusion.tables import combine
+    from asrkit.decoding.search.front import DecodeOptions
     from asrkit.experiment import load_experiment
     from asrkit.ngram import estimate, read_arpa
 
@@ -1040,8 +1040,8 @@ def test_lm_train_refuses_text_the_tokenizer_cannot_encode(workdir, tmp_path, ca
 def test_lm_train_warns_of_an_lm_too_big_for_a_search(workdir, tmp_path, monkeypatch, capsys):
     """The contexts `lm train` reports against the table limit are the states `--lm` would
     build: over the limit, a warning at training time and the same LM refused by `--lm`."""
-    import asrkit.decoding.fusion as fusion
-    import asrkit.decoding.lm_fusion as lm_fusion
+    import asrkit.decoding.fusion.lm as lm_fusion
+    import asrkit.decoding.fusion.tables as fusion
     from asrkit.cli.main import main
     from asrkit.errors import InputError
     from asrkit.ngram import read_arpa

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from asrkit.decoding.fusion import MAX_TABLE_ENTRIES, Automaton, blank_free
+from asrkit.decoding.fusion.tables import MAX_TABLE_ENTRIES, Automaton, blank_free
 from asrkit.errors import InputError
 from asrkit.ngram.model import END, START, UNKNOWN, UNLISTED_UNKNOWN, NGramLM
 from asrkit.tokenizer import BLANK_ID

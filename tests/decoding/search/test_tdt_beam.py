@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.decoding.beam import live_slots
-from asrkit.decoding.tdt_beam import tdt_beam_search
-from asrkit.decoding.tdt_greedy import tdt_greedy_search
+from asrkit.decoding.search.beam import live_slots
+from asrkit.decoding.search.tdt_beam import tdt_beam_search
+from asrkit.decoding.search.tdt_greedy import tdt_greedy_search
 from asrkit.models.transducer import Transducer
 from asrkit.tokenizer import BLANK_ID
 from tests.tiny import tiny_model_config

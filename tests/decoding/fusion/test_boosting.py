@@ -10,8 +10,7 @@ import pytest
 import tensorflow as tf
 
 from asrkit.decoding import greedy_decode
-from asrkit.decoding.beam import live_slots
-from asrkit.decoding.boosting import (
+from asrkit.decoding.fusion.boosting import (
     Phrase,
     boost_tables,
     load_boost,
@@ -19,13 +18,14 @@ from asrkit.decoding.boosting import (
     phrase_sequences,
     read_phrases,
 )
-from asrkit.decoding.fusion import combine
-from asrkit.decoding.fusion_steps import as_tensors
-from asrkit.decoding.search import DecodeOptions, decode_batch, decode_nbest
+from asrkit.decoding.fusion.steps import as_tensors
+from asrkit.decoding.fusion.tables import combine
+from asrkit.decoding.search.beam import live_slots
+from asrkit.decoding.search.front import DecodeOptions, decode_batch, decode_nbest
 from asrkit.errors import InputError
 from asrkit.tokenizer import BLANK_ID, train_tokenizer
 from tests.decoding.conftest import random_features, tiny_transducer
-from tests.decoding.test_beam import brute_force
+from tests.decoding.search.test_beam import brute_force
 
 TEXTS = ["A CAB AND A BAD CAB", "BAD CABS ABANDON A DAB", "AND CAN A CAB NAB A BAND"] * 8
 
@@ -246,8 +246,8 @@ def test_wide_boosted_beam_finds_the_best_sequence_with_its_bonus_exactly(max_sy
 def test_a_wide_boosted_tdt_beam_scores_every_sequence_with_its_bonus():
     """TDT beam search that prunes nothing: every sequence's log-probability over all its
     paths (enumerated) plus its phrases' bonus (brute force), and the boosted best first."""
-    from asrkit.decoding.tdt_beam import tdt_beam_search
-    from tests.decoding.test_tdt_beam import every_sequence, tdt_transducer
+    from asrkit.decoding.search.tdt_beam import tdt_beam_search
+    from tests.decoding.search.test_tdt_beam import every_sequence, tdt_transducer
 
     model = tdt_transducer(vocab_size=3, durations=(0, 1, 2), seed=5)
     encoded = tf.constant(np.random.default_rng(3).standard_normal((1, 3, 16)), tf.float32)
@@ -270,9 +270,9 @@ def test_a_wide_boosted_tdt_beam_scores_every_sequence_with_its_bonus():
 
 @pytest.mark.parametrize("max_symbols", [1, 3])
 def test_boosted_tdt_beam_of_one_is_boosted_tdt_greedy_search(max_symbols):
-    from asrkit.decoding.tdt_beam import tdt_beam_search
-    from asrkit.decoding.tdt_greedy import tdt_greedy_search
-    from tests.decoding.test_tdt_beam import tdt_transducer
+    from asrkit.decoding.search.tdt_beam import tdt_beam_search
+    from asrkit.decoding.search.tdt_greedy import tdt_greedy_search
+    from tests.decoding.search.test_tdt_beam import tdt_transducer
 
     model = tdt_transducer(vocab_size=7, durations=(0, 1, 2, 3, 4), seed=2)
     lengths = tf.constant([9, 14, 1, 0, 12])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.decoding.tdt_greedy import tdt_greedy_search
+from asrkit.decoding.search.tdt_greedy import tdt_greedy_search
 from tests.decoding.scripted import ScriptedTransducer
 
 SHARP = 5.0  # duration logits: -SHARP (d - chosen)^2

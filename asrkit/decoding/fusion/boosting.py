@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from asrkit.config import DecodeConfig
-from asrkit.decoding.fusion import MAX_TABLE_ENTRIES, Automaton, blank_free
+from asrkit.decoding.fusion.tables import MAX_TABLE_ENTRIES, Automaton, blank_free
 from asrkit.errors import InputError
 from asrkit.tokenizer import BLANK_ID, UNK_ID
 
@@ -172,7 +172,7 @@ def no_boost(vocab_size: int) -> Automaton:
 
 
 def load_boost(path, tokenizer, vocab_size: int, weight: float = DEFAULT_WEIGHT) -> Automaton:
-    """A phrase list file as its automaton (`asrkit.decoding.fusion.combine` makes the
+    """A phrase list file as its automaton (`asrkit.decoding.fusion.tables.combine` makes the
     tables a search takes)."""
     return boost_automaton(read_phrases(path, weight), path, tokenizer, vocab_size)
 

@@ -25,9 +25,9 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from asrkit.config import DecodeConfig
-from asrkit.decoding.found import Found
-from asrkit.decoding.fusion_steps import advanced, final_scores, step_scores
-from asrkit.decoding.greedy import fusion_start
+from asrkit.decoding.fusion.steps import advanced, final_scores, step_scores
+from asrkit.decoding.search.found import Found
+from asrkit.decoding.search.greedy import fusion_start
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
@@ -47,7 +47,7 @@ def beam_search(
     Hypotheses are sorted best first; token slots past counts[b, k] hold -1; a score is
     the log-probability of the hypothesis (summed over the alignments merged into it); a
     token's log-prob is the joint's log-posterior of it on the alignment that was kept.
-    With `boost` (`FusionTables` as tensors, `asrkit.decoding.fusion`) a score also holds
+    With `boost` (`FusionTables` as tensors, `asrkit.decoding.fusion.tables`) a score also holds
     what the hypothesis's automata earned (word boosting, LM fusion), final scores included.
     """
     beams = beam_start(model, tf.shape(encoded)[0], beam)

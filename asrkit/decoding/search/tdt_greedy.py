@@ -17,9 +17,14 @@ from __future__ import annotations
 import tensorflow as tf
 
 from asrkit.config import DecodeConfig
-from asrkit.decoding.found import Found
-from asrkit.decoding.fusion_steps import advanced
-from asrkit.decoding.greedy import best_symbols, emit_and_advance, fusion_start, window_hidden
+from asrkit.decoding.fusion.steps import advanced
+from asrkit.decoding.search.found import Found
+from asrkit.decoding.search.greedy import (
+    best_symbols,
+    emit_and_advance,
+    fusion_start,
+    window_hidden,
+)
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step

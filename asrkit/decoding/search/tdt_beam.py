@@ -22,7 +22,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from asrkit.config import DecodeConfig
-from asrkit.decoding.beam import (
+from asrkit.decoding.fusion.steps import advanced, step_scores
+from asrkit.decoding.search.beam import (
     DEAD_SCORE,
     beam_found,
     beam_start,
@@ -32,8 +33,7 @@ from asrkit.decoding.beam import (
     taken_back,
     with_room,
 )
-from asrkit.decoding.fusion_steps import advanced, step_scores
-from asrkit.decoding.greedy import fusion_start
+from asrkit.decoding.search.greedy import fusion_start
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step

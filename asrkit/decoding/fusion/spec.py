@@ -2,7 +2,7 @@
 phrase list, an n-gram LM and a LODR LM, each with a weight (or the experiment's
 `decode.*_weight`). `read_fusion` checks the spec against the search and reads each file
 once, before any model loads; `ReadFusion.tables` builds the fusion tables a search takes
-once the model's pieces are known (`asrkit.decoding.fusion.combine` of the boosting and LM
+once the model's pieces are known (`asrkit.decoding.fusion.tables.combine` of the boosting and LM
 automata)."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class ReadFusion:
 
     def check_pieces(self, pieces: list[str], nemo_ids: bool = False) -> None:
         """Each LM is over these pieces (or NeMo's token names of them, `nemo_ids`)."""
-        from asrkit.decoding.lm_fusion import lm_token_ids
+        from asrkit.decoding.fusion.lm import lm_token_ids
 
         for name, lm in self.lms.items():
             lm_token_ids(lm, pieces, f"--{name}", nemo_ids)
@@ -65,9 +65,9 @@ class ReadFusion:
         as given, else `decode`'s (a DecodeConfig)."""
         if not self.spec.options:
             return None
-        from asrkit.decoding.boosting import Phrase, boost_automaton
-        from asrkit.decoding.fusion import combine
-        from asrkit.decoding.lm_fusion import lm_automaton
+        from asrkit.decoding.fusion.boosting import Phrase, boost_automaton
+        from asrkit.decoding.fusion.lm import lm_automaton
+        from asrkit.decoding.fusion.tables import combine
 
         weights = self.spec.weights(decode)
         automata = []
@@ -88,7 +88,7 @@ class ReadFusion:
 def read_fusion(spec: FusionSpec, method: str) -> ReadFusion:
     """The spec checked (weights, LODR beside an LM, a search that takes fusion) and its
     files read once: mistakes named before any model loads."""
-    from asrkit.decoding.strategies import check
+    from asrkit.decoding.search.strategies import check
 
     for name in FUSIONS:
         weight = getattr(spec, f"{name}_weight")
@@ -103,7 +103,7 @@ def read_fusion(spec: FusionSpec, method: str) -> ReadFusion:
         raise InputError("--lodr subtracts a low-order LM beside an external one: add --lm")
     phrases = None
     if spec.boost:
-        from asrkit.decoding.boosting import read_phrases
+        from asrkit.decoding.fusion.boosting import read_phrases
 
         phrases = read_phrases(spec.boost, weight=None)
     from asrkit.ngram import read_arpa

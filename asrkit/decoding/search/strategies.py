@@ -1,7 +1,7 @@
 """The decoding strategies: one table keyed by (what the network decodes as, method) that
 says what each search can do, and one `check` that makes every refusal from it, answered
 from the config alone (no TensorFlow), so a command refuses an impossible request before
-any model loads. The search front (`asrkit.decoding.search`), the streaming decoder, the
+any model loads. The search front (`asrkit.decoding.search.front`), the streaming decoder, the
 export and the commands all ask here.
 
 What a network decodes as: `rnnt` (a transducer), `tdt` (a transducer whose joint also

@@ -13,8 +13,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from asrkit.config import DecodeConfig
-from asrkit.decoding.found import Found
-from asrkit.decoding.fusion_steps import advanced, start_states, step_scores
+from asrkit.decoding.fusion.steps import advanced, start_states, step_scores
+from asrkit.decoding.search.found import Found
 from asrkit.tokenizer import BLANK_ID
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once

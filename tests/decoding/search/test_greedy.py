@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from asrkit.decoding import greedy_decode
-from asrkit.decoding.greedy import greedy_search
+from asrkit.decoding.search.greedy import greedy_search
 from asrkit.tokenizer import BLANK_ID
 from tests.decoding.scripted import ScriptedTransducer
 

@@ -11,11 +11,11 @@ import pytest
 import tensorflow as tf
 
 from asrkit.config import FeatureConfig
-from asrkit.decoding.boosting import no_boost
-from asrkit.decoding.fusion import combine
-from asrkit.decoding.fusion_steps import as_tensors
-from asrkit.decoding.search import _SEARCHES, DecodeOptions, search
-from asrkit.decoding.strategies import STRATEGIES, check, strategy
+from asrkit.decoding.fusion.boosting import no_boost
+from asrkit.decoding.fusion.steps import as_tensors
+from asrkit.decoding.fusion.tables import combine
+from asrkit.decoding.search.front import _SEARCHES, DecodeOptions, search
+from asrkit.decoding.search.strategies import STRATEGIES, check, strategy
 from asrkit.decoding.streaming import StreamingDecoder
 from asrkit.errors import InputError, UserError
 from asrkit.models.transducer import Transducer

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.decoding.ctc_greedy import ctc_greedy_search
+from asrkit.decoding.search.ctc_greedy import ctc_greedy_search
 
 
 class _Head:

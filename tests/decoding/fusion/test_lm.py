@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from asrkit.decoding.beam import live_slots
-from asrkit.decoding.boosting import boost_tables
-from asrkit.decoding.fusion import combine
-from asrkit.decoding.fusion_steps import as_tensors
-from asrkit.decoding.lm_fusion import lm_automaton
-from asrkit.decoding.search import DecodeOptions, decode_batch, decode_nbest
+from asrkit.decoding.fusion.boosting import boost_tables
+from asrkit.decoding.fusion.lm import lm_automaton
+from asrkit.decoding.fusion.steps import as_tensors
+from asrkit.decoding.fusion.tables import combine
+from asrkit.decoding.search.beam import live_slots
+from asrkit.decoding.search.front import DecodeOptions, decode_batch, decode_nbest
 from asrkit.errors import InputError
 from asrkit.ngram import estimate
 from asrkit.tokenizer import BLANK_ID
 from tests.decoding.conftest import random_features, tiny_transducer
-from tests.decoding.test_beam import brute_force
-from tests.decoding.test_boosting import brute_total
+from tests.decoding.fusion.test_boosting import brute_total
+from tests.decoding.search.test_beam import brute_force
 
 LN10 = math.log(10)
 
@@ -83,7 +83,7 @@ def test_an_lm_over_other_units_is_refused_naming_them():
 
 
 def test_a_big_lm_is_refused_before_its_tables_are_built(monkeypatch):
-    import asrkit.decoding.lm_fusion as lm_fusion
+    import asrkit.decoding.fusion.lm as lm_fusion
 
     monkeypatch.setattr(lm_fusion, "MAX_TABLE_ENTRIES", 20)
     with pytest.raises(InputError, match="use a lower order or a pruned LM"):
@@ -134,8 +134,8 @@ def test_a_wide_beam_with_lm_lodr_and_boosting_finds_the_best_rescored_sequence(
 
 
 def test_a_wide_tdt_beam_with_an_lm_scores_every_sequence_as_rescoring_does():
-    from asrkit.decoding.tdt_beam import tdt_beam_search
-    from tests.decoding.test_tdt_beam import every_sequence, tdt_transducer
+    from asrkit.decoding.search.tdt_beam import tdt_beam_search
+    from tests.decoding.search.test_tdt_beam import every_sequence, tdt_transducer
 
     model = tdt_transducer(vocab_size=3, durations=(0, 1, 2), seed=5)
     encoded = tf.constant(np.random.default_rng(3).standard_normal((1, 3, 16)), tf.float32)
@@ -217,7 +217,7 @@ def test_a_nemo_token_lm_scores_as_nemo_scores_it_for_an_imported_model():
 
     from asrkit.ngram import read_arpa
 
-    data = Path(__file__).resolve().parents[1] / "data" / "lm"
+    data = Path(__file__).resolve().parents[2] / "data" / "lm"
     lm = read_arpa(data / "nemo_tokens3.arpa")
     rows = json.loads((data / "nemo_lm_scores.json").read_text())
     vocab = len(rows[0]["steps"][0]) + 1 if rows[0]["steps"] else 31

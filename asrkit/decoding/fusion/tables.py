@@ -3,15 +3,15 @@
 Each source of extra score is a deterministic automaton over the model's pieces: from a
 state, a token leads to a next state and earns a score (log-probability units, weights
 already applied); ending in a state earns a final score. Blank never moves an automaton
-and earns nothing. A phrase list (`asrkit.decoding.boosting`) and an n-gram LM
-(`asrkit.decoding.lm_fusion`) are both of this form, so a search takes any number of
+and earns nothing. A phrase list (`asrkit.decoding.fusion.boosting`) and an n-gram LM
+(`asrkit.decoding.fusion.lm`) are both of this form, so a search takes any number of
 them at once as one `FusionTables`: the automata's rows one after another, and a
 hypothesis holds one state per automaton ([..., A] state indices into the shared rows).
 A hypothesis's extra score is the sum of what its automata earned. Equal token sequences
 are in equal states, so a beam search that merges them keeps the states right.
 
 The tables are built here in NumPy (no TensorFlow: a command reads and checks them before
-any model loads); `asrkit.decoding.fusion_steps` steps them inside a search.
+any model loads); `asrkit.decoding.fusion.steps` steps them inside a search.
 """
 
 from __future__ import annotations

@@ -15,15 +15,19 @@ import numpy as np
 import tensorflow as tf
 
 from asrkit.config import DecodeConfig
-from asrkit.decoding.beam import beam_search, live_slots
-from asrkit.decoding.ctc_greedy import ctc_greedy_search
-from asrkit.decoding.found import Found
-from asrkit.decoding.fusion import FusionTables
-from asrkit.decoding.fusion_steps import as_tensors
-from asrkit.decoding.greedy import greedy_continue, greedy_search, greedy_start
-from asrkit.decoding.strategies import METHODS, check, decoder_of
-from asrkit.decoding.tdt_beam import tdt_beam_search
-from asrkit.decoding.tdt_greedy import tdt_greedy_continue, tdt_greedy_search, tdt_greedy_start
+from asrkit.decoding.fusion.steps import as_tensors
+from asrkit.decoding.fusion.tables import FusionTables
+from asrkit.decoding.search.beam import beam_search, live_slots
+from asrkit.decoding.search.ctc_greedy import ctc_greedy_search
+from asrkit.decoding.search.found import Found
+from asrkit.decoding.search.greedy import greedy_continue, greedy_search, greedy_start
+from asrkit.decoding.search.strategies import METHODS, check, decoder_of
+from asrkit.decoding.search.tdt_beam import tdt_beam_search
+from asrkit.decoding.search.tdt_greedy import (
+    tdt_greedy_continue,
+    tdt_greedy_search,
+    tdt_greedy_start,
+)
 
 SYMBOLS = DecodeConfig.max_symbols_per_step  # the config's default, defined there once
 
@@ -60,7 +64,7 @@ def decode_batch(
     boost: FusionTables | None = None,
 ) -> list[Hypothesis]:  # fmt: skip
     """features [B, T, F], feature_lengths [B] -> the best `Hypothesis` of each utterance
-    (`boost`: word boosting and LM tables, `asrkit.decoding.fusion`)."""
+    (`boost`: word boosting and LM tables, `asrkit.decoding.fusion.tables`)."""
     found = _search(model, features, feature_lengths, options, boost)
     return [hypotheses[0] for hypotheses in found_hypotheses(found, tokenizer, limit=1)]
 
@@ -131,7 +135,7 @@ def search(model, encoded, encoder_lengths, options: DecodeOptions, boost=None) 
     """Each row's hypotheses as graph tensors, best first: `Found` with a K axis
     ([B, K, N] tokens, [B, K] counts and scores; K = the beam, or 1 for greedy).
     `boost`: fusion tables as tensors (word boosting, LM; the strategies that take them).
-    Which search runs is the strategy table's row (`asrkit.decoding.strategies`)."""
+    Which search runs is the strategy table's row (`asrkit.decoding.search.strategies`)."""
     decoder = decoder_of(options.method, model.joint.durations, model.ctc_head is not None)
     if boost is not None:
         check(options.method, fusion=("--boost",))
@@ -158,7 +162,7 @@ _SEARCHES = {  # one per row of STRATEGIES
 
 
 # How a stream starts and continues a greedy search (a row of STRATEGIES that streams with
-# one hypothesis; the beam's stream steps are `asrkit.decoding.beam`'s).
+# one hypothesis; the beam's stream steps are `asrkit.decoding.search.beam`'s).
 GREEDY_STREAM_STEPS = {
     ("rnnt", "greedy"): (greedy_start, greedy_continue),
     ("tdt", "greedy"): (tdt_greedy_start, tdt_greedy_continue),

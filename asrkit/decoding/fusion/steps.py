@@ -1,12 +1,12 @@
 """The fusion tables inside a search (graph mode): where each hypothesis's automata start,
 what every token earns from their states, the states after a step, and what ending earns.
-The tables themselves are built in `asrkit.decoding.fusion`."""
+The tables themselves are built in `asrkit.decoding.fusion.tables`."""
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from asrkit.decoding.fusion import FusionTables
+from asrkit.decoding.fusion.tables import FusionTables
 
 
 def as_tensors(tables: FusionTables) -> FusionTables:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from asrkit.decoding.found import Found
+from asrkit.decoding.search.found import Found
 from asrkit.tokenizer import BLANK_ID
 
 
