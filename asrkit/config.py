@@ -752,7 +752,17 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> ExperimentConfig:
     """A YAML config (its `base:`, if any, first), then `--set` overrides."""
-    data = _read_yaml(Path(path)) if path is not None else {}
+    return config_from_data(read_config_data(path) if path is not None else {}, overrides, path)
+
+
+def read_config_data(path: str | os.PathLike) -> dict:
+    """A config file's mapping as read, its `base:` chain merged in (`ConfigError` for a
+    YAML error)."""
+    return _read_yaml(Path(path))
+
+
+def config_from_data(data: dict, overrides: list[str] = (), path=None) -> ExperimentConfig:
+    """The config of a mapping `read_config_data` read from `path`, then `--set` overrides."""
     for item in overrides:
         _check_override_key(item)
     try:

@@ -24,7 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asrkit.config import ExperimentConfig, load_config
+from asrkit.config import (
+    ConfigError,
+    ExperimentConfig,
+    config_from_data,
+    read_config_data,
+)
 from asrkit.errors import InputError, UserError
 from asrkit.tokenizer import Tokenizer
 
@@ -130,22 +135,18 @@ def load_experiment_config(
         raise FileNotFoundError(
             f"{exp_dir}: not an experiment directory (no {CONFIG_FILE}; made by asrkit train)"
         )
-    _check_schema(exp_dir / CONFIG_FILE)
-    recorded = load_config(exp_dir / CONFIG_FILE, overrides)
-    return resolve_assets(recorded, exp_dir)
+    path = exp_dir / CONFIG_FILE
+    try:
+        data = read_config_data(path)  # read once: checked, then built
+    except ConfigError as err:
+        raise ExperimentError(str(err)) from None
+    _check_schema(path, data)
+    return resolve_assets(config_from_data(data, overrides, path), exp_dir)
 
 
-def _check_schema(path: Path) -> None:
+def _check_schema(path: Path, data) -> None:
     """A recorded config states its schema version; one that does not was recorded by an
     older asrkit, whose configs may mean other things."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        from asrkit.config import yaml_problem
-
-        raise ExperimentError(f"{path}: {yaml_problem(err)}") from None
     if not isinstance(data, dict) or "schema" not in data:
         raise ExperimentError(
             f"{path}: recorded by an older asrkit (no schema version); decode it with that "

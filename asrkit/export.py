@@ -39,6 +39,29 @@ from asrkit.decoding.search.strategies import strategy
 from asrkit.decoding.words import FrameClock, detokenize
 from asrkit.experiment import load_experiment, read_training_lengths
 
+# What asrkit_export.json says of each signature.
+SIGNATURES = {
+    "serving_default": "waveform: mono float32 [S] in [-1, 1], any length",
+    "serve_batch": "waveforms: float32 [N, S] zero-padded; lengths: int32 [N] samples; a batch "
+    "with a row longer than a window: row by row, each as serving_default",
+}
+BOOSTED_SIGNATURES = {
+    "serve_boosted": "serving_default with word boosting and/or LM fusion: waveform, and the "
+    "tables (boost_start, boost_next_state, boost_bonus, boost_final) of a phrase list and/or "
+    "an n-gram LM made with the export's tokenizer (asrkit.decoding.fusion.tables.combine)",
+    "serve_batch_boosted": "serve_batch with the same tables",
+}
+STREAM_SIGNATURES = {
+    "initial_state": "no inputs -> state_* of a new stream",
+    "stream_step": "samples: mono float32 [n] in [-1, 1], any n; state_*: as returned",
+    "stream_tokens": "stream_step without the text (no string ops: LiteRT converts it); every "
+    "axis that can be empty has one padding entry in front: drop tokens[0] and token_times[0], "
+    "pass state_* back as they are",
+    "stream_finish": "state_* -> the end of the stream: what the last, partial chunk of a "
+    "chunked Conformer emits (nothing for an LSTM encoder)",
+    "finish_tokens": "stream_finish without the text",
+}
+
 
 def export_model(
     exp_dir: str | Path,
@@ -90,22 +113,7 @@ def export_model(
     info = {
         "asrkit_version": __version__,
         "sample_rate": features.sample_rate,
-        "signatures": {
-            "serving_default": "waveform: mono float32 [S] in [-1, 1], any length",
-            "serve_batch": "waveforms: float32 [N, S] zero-padded; lengths: int32 [N] samples; "
-            "a batch with a row longer than a window: row by row, each as serving_default",
-            **(
-                {
-                    "serve_boosted": "serving_default with word boosting and/or LM fusion: "
-                    "waveform, and the tables (boost_start, boost_next_state, boost_bonus, "
-                    "boost_final) of a phrase list and/or an n-gram LM made with the export's "
-                    "tokenizer (asrkit.decoding.fusion.tables.combine)",
-                    "serve_batch_boosted": "serve_batch with the same tables",
-                }
-                if boosting
-                else {}
-            ),
-        },
+        "signatures": {**SIGNATURES, **(BOOSTED_SIGNATURES if boosting else {})},
         "outputs": OUTPUTS,
         "decoding": describe(options),
         # the most hypotheses the n-best list holds (transcribe --nbest checks it)
@@ -163,77 +171,29 @@ def export_streaming(
         )  # NeMo's features in float64 up to the log; LiteRT has float32 FFTs only
         for dtype in (tf.float64, tf.float32)
     )  # fmt: skip
-    pieces = tf.constant(tokenizer.surface_pieces())
     clock = FrameClock.of(config.features, experiment.emission_delay, config.model.encoder)
-    template = decoder.initial_state()
-    flat = tf.nest.flatten(decoder.state_spec)
-    names = [f"state_{i:02d}" for i in range(len(flat))]
-    specs = [tf.TensorSpec(s.shape, s.dtype, name=n) for s, n in zip(flat, names, strict=True)]
-    spec_of = dict(zip(names, specs, strict=True))
-
-    def initial_state():
-        return dict(zip(names, tf.nest.flatten(decoder.initial_state()), strict=True))
-
-    def run(samples, state, decoder=decoder):
-        state = tf.nest.pack_sequence_as(template, list(state))
-        step = decoder.step(samples, state) if samples is not None else decoder.finish(state)
-        outputs = {
-            "tokens": step.tokens,
-            "token_times": clock.seconds(step.token_frames),
-            **dict(zip(names, tf.nest.flatten(step.state), strict=True)),
-        }
-        return step.state.tokens, outputs
-
-    def lite(samples, state):
-        """LiteRT's interpreter cannot return an empty tensor, so in its signatures every
-        axis that can be empty carries one padding entry in front."""
-        state = [_drop_front(t, spec) for t, spec in zip(state, specs, strict=True)]
-        outputs = run(samples, state, lite_decoder)[1]
-        return {key: _pad_front(value, spec_of.get(key)) for key, value in outputs.items()}
-
-    def stream_tokens(samples, *state):
-        return lite(samples, state)
-
-    def stream_step(samples, *state):
-        tokens, outputs = run(samples, state)
-        text = detokenize(tokens[None], tf.shape(tokens)[0][None], pieces)[0]
-        return {**outputs, "text": text}
-
-    def finish_tokens(*state):
-        return lite(None, state)
-
-    def stream_finish(*state):
-        return stream_step(None, *state)
-
+    stream = _StreamEndpoints(decoder, lite_decoder, tokenizer.surface_pieces(), clock)
+    specs = stream.specs
     out = Path(out)
     archive = keras.export.ExportArchive()
     # Not `archive.track(model)`: Keras would save the model's variables twice (as tracked
     # and again as the endpoints' own), doubling the file. The endpoints' variables are
     # saved once, with them.
-    archive.add_endpoint("initial_state", initial_state, input_signature=[])
+    archive.add_endpoint("initial_state", stream.initial_state, input_signature=[])
     inputs = [tf.TensorSpec([None], tf.float32, name="samples"), *specs]
-    archive.add_endpoint("stream_step", stream_step, input_signature=inputs)
-    archive.add_endpoint("stream_tokens", stream_tokens, input_signature=inputs)
-    archive.add_endpoint("stream_finish", stream_finish, input_signature=specs)
-    archive.add_endpoint("finish_tokens", finish_tokens, input_signature=specs)
+    archive.add_endpoint("stream_step", stream.stream_step, input_signature=inputs)
+    archive.add_endpoint("stream_tokens", stream.stream_tokens, input_signature=inputs)
+    archive.add_endpoint("stream_finish", stream.stream_finish, input_signature=specs)
+    archive.add_endpoint("finish_tokens", stream.finish_tokens, input_signature=specs)
     archive.write_out(str(out), verbose=False)
     info = {
         "asrkit_version": __version__,
         "sample_rate": config.features.sample_rate,
         "streaming": True,
-        "signatures": {
-            "initial_state": "no inputs -> state_* of a new stream",
-            "stream_step": "samples: mono float32 [n] in [-1, 1], any n; state_*: as returned",
-            "stream_tokens": "stream_step without the text (no string ops: LiteRT converts it); "
-            "every axis that can be empty has one padding entry in front: drop tokens[0] and "
-            "token_times[0], pass state_* back as they are",
-            "stream_finish": "state_* -> the end of the stream: what the last, partial chunk "
-            "of a chunked Conformer emits (nothing for an LSTM encoder)",
-            "finish_tokens": "stream_finish without the text",
-        },
+        "signatures": STREAM_SIGNATURES,
         "pieces": tokenizer.surface_pieces(),  # token id -> text ("▁" starts a word)
         "outputs": STREAM_OUTPUTS,
-        "state": names,
+        "state": stream.names,
         "decoding": "greedy, streaming" + (f", {fusion_described}" if fusion else ""),
         "frame_period": clock.period,
         "frame_offset": clock.offset,
@@ -243,6 +203,55 @@ def export_streaming(
     }
     (out / "asrkit_export.json").write_text(json.dumps(info, indent=2) + "\n")
     return out
+
+
+class _StreamEndpoints:
+    """A streaming decoder's steps as signature functions: the state as flat state_*
+    tensors, times in seconds, the text so far; the LiteRT variants (`lite_decoder`: float32
+    features) without text and with a padding entry in front of every axis that can be
+    empty (LiteRT's interpreter cannot return an empty tensor)."""
+
+    def __init__(self, decoder, lite_decoder, pieces: list[str], clock: FrameClock):
+        self.decoder, self.lite_decoder, self.clock = decoder, lite_decoder, clock
+        self.pieces = tf.constant(pieces)
+        self.template = decoder.initial_state()
+        flat = tf.nest.flatten(decoder.state_spec)
+        self.names = [f"state_{i:02d}" for i in range(len(flat))]
+        self.specs = [tf.TensorSpec(s.shape, s.dtype, name=n)
+                      for s, n in zip(flat, self.names, strict=True)]  # fmt: skip
+        self.spec_of = dict(zip(self.names, self.specs, strict=True))
+
+    def initial_state(self):
+        return dict(zip(self.names, tf.nest.flatten(self.decoder.initial_state()), strict=True))
+
+    def _run(self, samples, state, decoder):
+        state = tf.nest.pack_sequence_as(self.template, list(state))
+        step = decoder.step(samples, state) if samples is not None else decoder.finish(state)
+        outputs = {
+            "tokens": step.tokens,
+            "token_times": self.clock.seconds(step.token_frames),
+            **dict(zip(self.names, tf.nest.flatten(step.state), strict=True)),
+        }
+        return step.state.tokens, outputs
+
+    def _lite(self, samples, state):
+        state = [_drop_front(t, spec) for t, spec in zip(state, self.specs, strict=True)]
+        outputs = self._run(samples, state, self.lite_decoder)[1]
+        return {key: _pad_front(value, self.spec_of.get(key)) for key, value in outputs.items()}
+
+    def stream_step(self, samples, *state):
+        tokens, outputs = self._run(samples, state, self.decoder)
+        text = detokenize(tokens[None], tf.shape(tokens)[0][None], self.pieces)[0]
+        return {**outputs, "text": text}
+
+    def stream_finish(self, *state):
+        return self.stream_step(None, *state)
+
+    def stream_tokens(self, samples, *state):
+        return self._lite(samples, state)
+
+    def finish_tokens(self, *state):
+        return self._lite(None, state)
 
 
 def _provenance(exp_dir, experiment, options: DecodeOptions | None) -> dict:

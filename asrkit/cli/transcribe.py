@@ -72,8 +72,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asrkit.outputs import writable_directory, write_files
-
     if args.nbest < 0:
         raise InputError(f"--nbest must be >= 0, got {args.nbest}")
     if args.model:
@@ -85,33 +83,13 @@ def run(args: argparse.Namespace) -> int:
     fusion = check_search_arguments(args)  # the phrase list and LMs read, once
     if args.model and args.nbest > 1:
         _check_export_finds(args.model, args.nbest)
-    if bool(args.files) == bool(args.manifest):
-        raise InputError("give audio FILEs or --manifest M (one of them)")
-    if args.manifest:
-        from asrkit.data.manifest import read_usable_manifest
-
-        if args.streaming:
-            raise InputError("--streaming decodes FILEs: drop --manifest")
-        args.files = read_usable_manifest(args.manifest)
-    names = [u.id if hasattr(u, "id") else u for u in args.files]
-    if args.format == "srt" and len(args.files) > 1 and not args.out_dir:
-        raise InputError("--format srt with several files needs --out-dir (one .srt each)")
-    stems = [Path(f).stem for f in names]
-    if args.out_dir:
-        writable_directory(args.out_dir, "--out-dir")
-    if args.out_dir and len(set(stems)) < len(stems):
-        twice = next(s for s in stems if stems.count(s) > 1)
-        raise InputError(f"--out-dir: two files would both write {twice}.*; rename one")
-    missing = [f for f in args.files if not args.manifest and not Path(f).is_file()]
-    if missing:
-        raise InputError(f"no such audio file: {missing[0]}")
+    _check_sources(args)
     recorded = None
     if not args.model:  # before TensorFlow: what the experiment's files can answer
         from asrkit.experiment import load_experiment_config
 
         recorded = load_experiment_config(args.exp_dir)  # read once, here
         check_before_loading(args, recorded, fusion)
-    from asrkit.decoding import formats
     from asrkit.decoding.long_audio import windowing_for
     from asrkit.decoding.transcribe import transcribe_files
 
@@ -143,6 +121,42 @@ def run(args: argparse.Namespace) -> int:
                 unreadable.append(err)
     else:
         found = transcribe_files(recognise, args.files, unreadable=unreadable)
+    return _write(found, unreadable, args)
+
+
+def _check_sources(args) -> None:
+    """FILEs or --manifest (its entries read), and where each result goes, checked before
+    anything loads."""
+    from asrkit.outputs import writable_directory
+
+    if bool(args.files) == bool(args.manifest):
+        raise InputError("give audio FILEs or --manifest M (one of them)")
+    if args.manifest:
+        from asrkit.data.manifest import read_usable_manifest
+
+        if args.streaming:
+            raise InputError("--streaming decodes FILEs: drop --manifest")
+        args.files = read_usable_manifest(args.manifest)
+    names = [u.id if hasattr(u, "id") else u for u in args.files]
+    if args.format == "srt" and len(args.files) > 1 and not args.out_dir:
+        raise InputError("--format srt with several files needs --out-dir (one .srt each)")
+    stems = [Path(f).stem for f in names]
+    if args.out_dir:
+        writable_directory(args.out_dir, "--out-dir")
+    if args.out_dir and len(set(stems)) < len(stems):
+        twice = next(s for s in stems if stems.count(s) > 1)
+        raise InputError(f"--out-dir: two files would both write {twice}.*; rename one")
+    missing = [f for f in args.files if not args.manifest and not Path(f).is_file()]
+    if missing:
+        raise InputError(f"no such audio file: {missing[0]}")
+
+
+def _write(found, unreadable, args) -> int:
+    """The transcripts to stdout or --out-dir in the chosen format; the unreadable files
+    named on stderr (exit 2; the others are written)."""
+    from asrkit.decoding import formats
+    from asrkit.outputs import write_files
+
     render = {
         "text": formats.as_text,
         "json": lambda t: formats.as_json(t, args.nbest),
