@@ -607,10 +607,19 @@ class TrainConfig:
         _one_of(self, "train", schedule=SCHEDULES, strategy=STRATEGIES, optimizer=OPTIMIZERS)
 
 
+DECODE_METHODS = ("greedy", "beam", "ctc")
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Search settings an experiment decodes with by default (dev WER, decode, export)."""
+    """The decoding settings, one config for every search (`DecodeOptions` in
+    `asrkit.decoding`): the method and its beam, the symbols per frame and the fusion
+    weights. An experiment's symbols per frame and fusion weights are what its commands
+    decode with unless a flag says otherwise; their method and beam come from the flags
+    (`--method`, `--beam`; greedy, beam 4), the dev WER's search is greedy."""
 
+    method: str = "greedy"  # greedy | beam | ctc (greedy on a hybrid network's CTC head)
+    beam: int = 4  # hypotheses kept per utterance (beam search)
     max_symbols_per_step: int = 3  # per encoder frame; 1 = k2's modified beam search
     # word boosting (`--boost`): bonus per piece of a phrase, in nats, where its line gives
     # none (2.0, icefall's default, over-boosted the mini recipe's model)
@@ -622,7 +631,8 @@ class DecodeConfig:
     lodr_weight: float = 0.2
 
     def __post_init__(self):
-        _at_least(self, "decode", max_symbols_per_step=1)
+        _one_of(self, "decode", method=DECODE_METHODS)
+        _at_least(self, "decode", beam=1, max_symbols_per_step=1)
         _at_least(self, "decode", boost_weight=0, lm_weight=0, lodr_weight=0)
 
 

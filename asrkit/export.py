@@ -77,7 +77,7 @@ def export_model(
     `chunk_frames`: another chunk size for a model trained with dynamic chunks."""
     experiment = load_experiment(exp_dir, checkpoint, average, chunk_frames)
     config, tokenizer = experiment.config, experiment.tokenizer
-    options = options or DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
+    options = options or config.decode  # the experiment's own search
     features = config.features
     trained = read_training_lengths(exp_dir)
     windowing, _ = windowing_for(trained.max_seconds if trained else None)

@@ -61,9 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.experiment import load_experiment, write_timing
 
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, config=recorded)
-    options = search_options(
-        args, experiment.config.decode.max_symbols_per_step, experiment.config.model
-    )
+    options = search_options(args, experiment.config)
     # delay 0: measure the frames' own times
     recognise = NetworkRecogniser.of(dataclasses.replace(experiment, emission_delay=0.0), options)
     start = time.perf_counter()

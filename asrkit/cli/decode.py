@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, args.chunk_frames,
                                  config=recorded)  # fmt: skip
     network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
-    options = search_options(args, config.decode.max_symbols_per_step, config.model)
+    options = search_options(args, config)
     boost = fusion.tables(tokenizer, network.vocab_size, config.decode,
                           nemo_ids=config.features.lm_tokens_by_id)  # fmt: skip
     recogniser = Recogniser.of(experiment, options)

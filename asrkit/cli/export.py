@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             "are built into a streaming export (--streaming) only"
         )
     recorded = load_experiment_config(args.exp_dir)  # TF not yet
-    options = search_options(args, recorded.decode.max_symbols_per_step, recorded.model)
+    options = search_options(args, recorded)
     fusion, described = None, ""
     if fused:
         from asrkit.experiment import TOKENIZER_DIR

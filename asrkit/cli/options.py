@@ -75,17 +75,19 @@ def check_search_arguments(args: argparse.Namespace):
     return fusion
 
 
-def search_options(args: argparse.Namespace, max_symbols_per_step: int, model_config=None):
-    """The search the arguments ask for; with `model_config` (a ModelConfig), `--method
-    ctc` is refused for a model without a CTC head before it loads."""
-    from asrkit.decoding.search.front import DecodeOptions
+def search_options(args: argparse.Namespace, config):
+    """The experiment's decoding config (`config`: its ExperimentConfig) with the search the
+    arguments ask for; `--method ctc` is refused for a model without a CTC head before it
+    loads."""
+    import dataclasses
+
     from asrkit.decoding.search.strategies import check
     from asrkit.errors import InputError
 
     if args.beam < 1:
         raise InputError(f"--beam must be >= 1, got {args.beam}")
-    check(args.method, model_config)
-    return DecodeOptions(args.method, args.beam, max_symbols_per_step)
+    check(args.method, config.model)
+    return dataclasses.replace(config.decode, method=args.method, beam=args.beam)
 
 
 def check_before_loading(args: argparse.Namespace, config, fusion=None) -> None:

@@ -234,7 +234,7 @@ def _experiment_recogniser(args, fusion, recorded, windowing):
         config=recorded,
     )  # fmt: skip
     config = experiment.config
-    options = search_options(args, config.decode.max_symbols_per_step, config.model)
+    options = search_options(args, config)
     boost = fusion.tables(experiment.tokenizer, experiment.network.vocab_size, config.decode,
                           nemo_ids=config.features.lm_tokens_by_id)  # fmt: skip
     return NetworkRecogniser.of(experiment, options, boost, windowing)

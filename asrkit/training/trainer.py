@@ -68,7 +68,6 @@ from asrkit.data.pipeline import (
 from asrkit.data.records import check_shards, on_the_fly, shard_files, unreadable_of
 from asrkit.decoding.recogniser import Recogniser
 from asrkit.decoding.runner import decode_shards
-from asrkit.decoding.search.front import DecodeOptions
 from asrkit.errors import UserError
 from asrkit.experiment import (
     CONFIG_FILE,
@@ -469,7 +468,7 @@ def _dataset(config: ExperimentConfig, data: _TrainingData, epoch: int, skip: in
 
 
 def _dev_wer(network, config: ExperimentConfig, tokenizer, data: _TrainingData) -> float:
-    options = DecodeOptions(max_symbols_per_step=config.decode.max_symbols_per_step)
+    options = dataclasses.replace(config.decode, method="greedy")  # the dev WER's search
     recogniser = Recogniser.of_network(network, tokenizer, config, data.normalize, options)
     report = decode_shards(recogniser, config.data.dev_shards, tokenizer, data.pipe)
     return report.rates.wer

@@ -335,11 +335,12 @@ def test_a_beam_below_one_is_refused_as_a_user_error():
     import argparse
 
     from asrkit.cli.options import search_options
+    from asrkit.config import ExperimentConfig
     from asrkit.errors import InputError
 
     with pytest.raises(InputError, match="--beam must be >= 1, got 0"):
-        search_options(argparse.Namespace(method="beam", beam=0), 3)
-    assert search_options(argparse.Namespace(method="beam", beam=2), 3).beam == 2
+        search_options(argparse.Namespace(method="beam", beam=0), ExperimentConfig())
+    assert search_options(argparse.Namespace(method="beam", beam=2), ExperimentConfig()).beam == 2
 
 
 def test_a_worker_whose_chief_never_comes_stops_in_one_line_and_leaves_nothing(tmp_path):

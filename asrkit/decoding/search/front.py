@@ -21,7 +21,7 @@ from asrkit.decoding.search.beam import beam_search, live_slots
 from asrkit.decoding.search.ctc_greedy import ctc_greedy_search
 from asrkit.decoding.search.found import Found
 from asrkit.decoding.search.greedy import greedy_continue, greedy_search, greedy_start
-from asrkit.decoding.search.strategies import METHODS, check, decoder_of
+from asrkit.decoding.search.strategies import check, decoder_of
 from asrkit.decoding.search.tdt_beam import tdt_beam_search
 from asrkit.decoding.search.tdt_greedy import (
     tdt_greedy_continue,
@@ -43,18 +43,9 @@ class Hypothesis:
     token_log_probs: list[float] = field(default_factory=list)  # each token where emitted
 
 
-@dataclass(frozen=True)
-class DecodeOptions:
-    method: str = "greedy"
-    beam: int = 4  # hypotheses kept per utterance (beam search)
-    max_symbols_per_step: int = SYMBOLS  # per encoder frame; beam with 1 = modified beam search
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"decoding method must be one of {METHODS}, got {self.method!r}")
-        if self.beam < 1 or self.max_symbols_per_step < 1:
-            raise ValueError(f"beam and max_symbols_per_step must be >= 1: {self}")
-
+# The search settings are the decoding config: method, beam, symbols per frame and the
+# fusion weights in one frozen dataclass (`asrkit.config.DecodeConfig`).
+DecodeOptions = DecodeConfig
 
 DEFAULT_OPTIONS = DecodeOptions()
 

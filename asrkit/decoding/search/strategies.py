@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from asrkit.config import DECODE_METHODS
 from asrkit.errors import InputError
 
-METHODS = ("greedy", "beam", "ctc")  # ctc: greedy on a hybrid network's CTC head
+METHODS = DECODE_METHODS  # ctc: greedy on a hybrid network's CTC head
 
 
 @dataclass(frozen=True)
