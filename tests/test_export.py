@@ -251,9 +251,18 @@ def test_calibrate_refuses_an_untimed_model_and_a_stored_delay_is_subtracted(exp
 def test_transcribe_cli_with_an_export_and_an_experiment(experiment, tmp_path, capsys):
     """text, JSON lines and SRT agree between an export and its experiment, from another
     directory; a long file (three clips) is decoded in windows; mistakes exit 2."""
+    import shutil
+
     import soundfile
 
-    _, exp, utts = experiment
+    from asrkit.experiment import TrainingLengths, write_training_lengths
+
+    _, source, utts = experiment
+    exp = tmp_path / "exp"
+    shutil.copytree(source, exp)
+    # trained on up to 10 s: windows of segments up to 8 s with 1 s of context each side,
+    # the export's and the experiment's alike
+    write_training_lengths(exp, TrainingLengths(10.0, source="a test"))
     out = export_model(exp, tmp_path / "saved")
     asrkit = Path(sys.executable).parent / "asrkit"
     clips = [read_audio(u.audio_path) for u in utts[:3]]
@@ -264,7 +273,7 @@ def test_transcribe_cli_with_an_export_and_an_experiment(experiment, tmp_path, c
     for fmt in ("text", "json"):
         for source in (["--model", str(out)], ["--exp-dir", str(exp)]):
             run = subprocess.run(
-                [asrkit, "transcribe", *paths, *source, "--format", fmt, "--max-seconds", "8"],
+                [asrkit, "transcribe", *paths, *source, "--format", fmt],
                 capture_output=True, text=True, timeout=300, cwd=tmp_path,
             )  # fmt: skip
             assert run.returncode == 0, run.stderr[-2000:]

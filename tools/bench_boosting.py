@@ -133,8 +133,8 @@ def time_tables(network, tokenizer, options, name, batches, args, tables, labels
 
     from asrkit.decoding.search.front import decode_batch
 
-    feats = np.concatenate([b.features[:, : min(b.features.shape[1] for b in batches)]
-                            for b in batches])[: args.timed]  # fmt: skip
+    shortest = min(int(feats.shape[1]) for feats, _ in batches)
+    feats = np.concatenate([np.asarray(f)[:, :shortest] for f, _ in batches])[: args.timed]
     lengths = np.full([len(feats)], feats.shape[1], np.int32)
     plain, fused = labels
     for per_call in (1, len(feats)):

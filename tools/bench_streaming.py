@@ -64,7 +64,8 @@ def main(argv=None) -> int:
 
     whole = [h.text for h in _whole(recogniser, audio)]
     rows = [("greedy, whole file", error_rates(refs, whole).wer, None, None)]
-    decoder = StreamingDecoder(recogniser.model, recogniser.features, recogniser.normalize,
+    decoder = StreamingDecoder(recogniser.model, recogniser.features,
+                               recogniser.recogniser.normalise,
                                recogniser.options.max_symbols_per_step)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         saved = export_streaming(args.exp_dir, Path(tmp) / "s", average=args.average,
