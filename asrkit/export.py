@@ -33,7 +33,13 @@ import tensorflow as tf
 from asrkit import __version__
 from asrkit.decoding.fusion.tables import FusionTables
 from asrkit.decoding.long_audio import windowing_for
-from asrkit.decoding.recogniser import FUSION_SPECS, OUTPUTS, WAVEFORMS_SPECS, Recogniser
+from asrkit.decoding.recogniser import (
+    FUSION_SPECS,
+    OUTPUTS,
+    WAVEFORMS_SPECS,
+    Recogniser,
+    with_fusion_inputs,
+)
 from asrkit.decoding.search.front import DecodeOptions, describe
 from asrkit.decoding.search.strategies import strategy
 from asrkit.decoding.words import FrameClock, detokenize
@@ -84,15 +90,6 @@ def export_model(
     recogniser = Recogniser.of(experiment, options, windowing)
     clock = recogniser.clock
 
-    def boosted(fn):
-        """`fn` with the fusion tables as four more inputs (`FUSION_SPECS`)."""
-
-        def with_tables(*inputs):
-            *audio, start, next_state, bonus, final = inputs
-            return fn(*audio, FusionTables(start, next_state, bonus, final))
-
-        return with_tables
-
     out = Path(out)
     archive = keras.export.ExportArchive()
     # Not `archive.track(model)`: Keras would save the model's variables twice (as tracked
@@ -103,9 +100,9 @@ def export_model(
     archive.add_endpoint("serve_batch", recogniser.batch, input_signature=list(WAVEFORMS_SPECS))
     boosting = strategy(options.method, config.model).fusion  # CTC search takes none
     if boosting:
-        archive.add_endpoint("serve_boosted", boosted(recogniser.one),
+        archive.add_endpoint("serve_boosted", with_fusion_inputs(recogniser.one),
                              input_signature=[waveform, *FUSION_SPECS])  # fmt: skip
-        archive.add_endpoint("serve_batch_boosted", boosted(recogniser.batch),
+        archive.add_endpoint("serve_batch_boosted", with_fusion_inputs(recogniser.batch),
                              input_signature=[*WAVEFORMS_SPECS, *FUSION_SPECS])  # fmt: skip
     archive.write_out(str(out), verbose=False)
     # the tokenizer a client compiles phrase lists and LMs with (`transcribe --model --boost`)

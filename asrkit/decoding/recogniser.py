@@ -67,6 +67,17 @@ WAVEFORMS_SPECS = (
 )
 
 
+def with_fusion_inputs(stage):
+    """`stage(*inputs, fusion)` as a function of its inputs and then the four fusion tables
+    (`FUSION_SPECS`), for a signature that takes them as tensors."""
+
+    def fused(*inputs):
+        *audio, start, next_state, bonus, final = inputs
+        return stage(*audio, FusionTables(start, next_state, bonus, final))
+
+    return fused
+
+
 class Recogniser:
     """A network with what turns audio into its inputs and its hypotheses into text."""
 
@@ -87,8 +98,10 @@ class Recogniser:
         self.clock = clock or FrameClock.of(features)
         self.windowing, self.options = windowing or Windowing(), options
         self.pieces = tf.constant(pieces)
-        self.mean = tf.constant(normalizer.mean if normalizer else 0.0, tf.float32)
-        self.std = tf.constant(normalizer.std if normalizer else 1.0, tf.float32)
+        self.statistics = None  # (mean, std) of the training set's features, if normalised
+        if normalizer is not None:
+            self.statistics = (tf.constant(normalizer.mean, tf.float32),
+                               tf.constant(normalizer.std, tf.float32))  # fmt: skip
         self.rate = features.sample_rate
         self.step = round(self.clock.period * self.rate)  # samples per encoder frame
         # recordings up to this many samples are decoded whole, longer ones in windows
@@ -101,16 +114,16 @@ class Recogniser:
             tf.TensorSpec([None, None, features.num_mel_bins], tf.float32, name="features"),
             tf.TensorSpec([None], tf.int32, name="frames"),
         )
-        self._compiled = {
-            (step.__name__, fused): tf.function(
-                lambda *inputs, step=step, fused=fused: step(
-                    *inputs[:2], FusionTables(*inputs[2:]) if fused else None
-                ),
-                input_signature=(*specs, *(FUSION_SPECS if fused else ())), autograph=False,
-            )
-            for specs, step in ((features_specs, self._search), (WAVEFORMS_SPECS, self._find))
-            for fused in (False, True)
-        }  # fmt: skip
+        self._compiled = {}
+        for specs, step in ((features_specs, self._search), (WAVEFORMS_SPECS, self._find)):
+            self._compiled[step.__name__, False] = tf.function(
+                lambda *inputs, step=step: step(*inputs, None),
+                input_signature=specs, autograph=False,
+            )  # fmt: skip
+            self._compiled[step.__name__, True] = tf.function(
+                with_fusion_inputs(step), input_signature=(*specs, *FUSION_SPECS),
+                autograph=False,
+            )  # fmt: skip
 
     @classmethod
     def of(
@@ -148,8 +161,12 @@ class Recogniser:
         return tf.where(mask[:, :, None], feats, 0.0), frames
 
     def normalise(self, features):
-        """Log-mel features [..., F] -> normalised by the training set's statistics."""
-        return (features - self.mean) / self.std
+        """Log-mel features [..., F] -> normalised by the training set's statistics (as
+        they are without statistics)."""
+        if self.statistics is None:
+            return features
+        mean, std = self.statistics
+        return (features - mean) / std
 
     def find(self, features, frames, fusion: FusionTables | None = None) -> Found:
         """Normalised features [N, T, F] (zero past each row's frames) and frames [N] ->

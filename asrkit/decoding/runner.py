@@ -115,7 +115,8 @@ def _shard_batches(shard_dir, pipe: PipelineConfig, recogniser: Recogniser) -> I
     dataset = tf.data.TFRecordDataset(files).map(
         lambda r: parse_example(r, features.num_mel_bins, audio), num_parallel_calls=4
     )
-    dataset = dataset.map(lambda e: {**e, "features": recogniser.normalise(e["features"])})
+    if recogniser.statistics is not None:
+        dataset = dataset.map(lambda e: {**e, "features": recogniser.normalise(e["features"])})
     dataset = dataset.bucket_by_sequence_length(
         lambda e: e["feature_lengths"], boundaries, [*sizes, 1], drop_remainder=False
     )

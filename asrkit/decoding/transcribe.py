@@ -20,9 +20,13 @@ import tensorflow as tf
 
 from asrkit.audio import AudioError, read_audio
 from asrkit.data.manifest import Utterance, read_utterance
-from asrkit.decoding.fusion.tables import FusionTables
 from asrkit.decoding.long_audio import Windowing
-from asrkit.decoding.recogniser import FUSION_SPECS, WAVEFORMS_SPECS, Recogniser
+from asrkit.decoding.recogniser import (
+    FUSION_SPECS,
+    WAVEFORMS_SPECS,
+    Recogniser,
+    with_fusion_inputs,
+)
 from asrkit.decoding.runner import by_budget, padded_waveforms
 from asrkit.decoding.search.beam import beam_found
 from asrkit.decoding.search.front import DEFAULT_OPTIONS, Hypothesis, found_hypotheses
@@ -81,15 +85,15 @@ class NetworkRecogniser:
         tables = FUSION_SPECS if fused else ()
 
         def with_tables(stage):
-            return lambda *inputs: stage(*inputs[:-4], FusionTables(*inputs[-4:]))
+            return with_fusion_inputs(stage) if fused else stage
 
         self._whole = tf.function(
-            with_tables(recogniser.whole) if fused else recogniser.whole,
+            with_tables(recogniser.whole),
             input_signature=(*WAVEFORMS_SPECS, *tables),
             autograph=False,
         )
         self._windowed = tf.function(
-            with_tables(recogniser.windowed) if fused else recogniser.windowed,
+            with_tables(recogniser.windowed),
             input_signature=(tf.TensorSpec([None], tf.float32), *tables),
             autograph=False,
         )
