@@ -509,6 +509,8 @@ class LossConfig:
 
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+# What an inference encoder's weights and products can be in (`--precision`; `Transducer`).
+ENCODER_PRECISIONS = ("float32", "bfloat16")
 STRATEGIES = ("auto", "mirrored", "multiworker")
 SCHEDULES = ("inverse_sqrt", "cosine")
 OPTIMIZERS = ("adamw", "adafactor")

@@ -186,12 +186,14 @@ def load_experiment(
     average: int = 1,
     chunk_frames: int | None = None,
     config: ExperimentConfig | None = None,
+    precision: str | None = None,
 ) -> Experiment:
     """The network of an experiment with `checkpoint`'s weights if given, else the average
     of its last `average` checkpoints (1: the latest). No optimizer state is created.
     `chunk_frames`: for a Conformer trained with dynamic chunks, the chunk size to run
     with instead of `model.encoder.chunk_frames` (0: full context). `config`: the
-    experiment's, already read (`load_experiment_config`), so that it is read once."""
+    experiment's, already read (`load_experiment_config`), so that it is read once.
+    `precision`: what the encoder runs in (`Transducer`'s `encoder_precision`)."""
     from asrkit.checkpoints import assign_weights, average_checkpoints, last_checkpoints, restore
     from asrkit.features import normalizer_for
 
@@ -199,7 +201,7 @@ def load_experiment(
     if chunk_frames is not None:
         check_chunk_override(config, chunk_frames)
     tokenizer = Tokenizer.load(config.data.tokenizer)
-    network = build_network(config, tokenizer.vocab_size)
+    network = build_network(config, tokenizer.vocab_size, precision)
     found = (
         [Path(checkpoint)] if checkpoint
         else last_checkpoints(Path(exp_dir) / "checkpoints", max(average, 1))
@@ -318,10 +320,13 @@ def adapted_weights(config: ExperimentConfig):
     return lambda values: merged_weights(values, config.model.adapters)
 
 
-def build_network(config: ExperimentConfig, vocab_size: int) -> Transducer:
-    """The transducer network a config describes, built (variables created)."""
+def build_network(
+    config: ExperimentConfig, vocab_size: int, encoder_precision: str | None = None
+) -> Transducer:
+    """The transducer network a config describes, built (variables created);
+    `encoder_precision`: inference only (`Transducer`)."""
     from asrkit.models.transducer import Transducer
 
-    network = Transducer(vocab_size, config.model, name="transducer")
+    network = Transducer(vocab_size, config.model, encoder_precision, name="transducer")
     network.build_from_features(config.features.num_mel_bins)
     return network

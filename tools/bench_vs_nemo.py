@@ -19,7 +19,11 @@ Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, N
 (min-max) and the ratio asrkit / NeMo of the medians:
 - greedy decoding RTF (features, encoder and search; wall time / audio), one utterance per
   call and 16 per call: NeMo's greedy_batch (label-looping) vs asrkit's greedy search, then
-  each of the three stages timed alone on the same batches (their sum is near the whole);
+  each of the three stages timed alone on the same batches (their sum is near the whole),
+  and the tokens the search emitted per second of speech (a random model emits on most
+  frames, so measure on one whose emissions are a trained model's: make_nemo_published.py
+  `--emit-like`); with `--bfloat16` also each side in bfloat16 (asrkit's encoder run in
+  it, `--precision bfloat16`; NeMo under PyTorch's CPU autocast);
 - the RNN-T loss alone, forward + backward on random logits, at three shapes: NeMo's
   RNNTLoss (numba on the CPU) vs asrkit's `rnnt_loss`;
 - one training update of the whole network from features (16 utterances of the manifest,
@@ -43,7 +47,8 @@ Each figure is measured in fresh processes, alternating (asrkit, NeMo, asrkit, N
   by op as PyTorch makes and frees them (a dispatch mode, in one more update after the timed
   ones). asrkit runs twice: in the measuring environment (oneDNN off: exact allocator peaks) and
   as its commands run (`AS_COMMANDS_RUN`, oneDNN on: the time users get; oneDNN's scratch is then
-  outside the allocator's figures).
+  outside the allocator's figures). With `--bfloat16` also both in bfloat16 mixed precision
+  (asrkit's `train.precision: mixed_bfloat16`, NeMo's forward under PyTorch's CPU autocast).
 - `boost` (not by default; `--boost FILE`): greedy decoding with word boosting, each side's
   own (NeMo's boosting tree, `greedy.boosting_tree` with `context_score` = `--boost-weight`,
   depth scaling 1, no Triton; asrkit's `--boost` tables at that weight): the search alone,
@@ -118,7 +123,7 @@ def _asrkit(request: dict) -> dict:
     # imported once, by the parent: not in this process' peak, removed after the comparisons
     if request["task"] == "step":
         return _asrkit_step(Path(request["exp"]), request)
-    experiment = load_experiment(request["exp"])
+    experiment = load_experiment(request["exp"], precision=request.get("precision", "float32"))
     utterances = _utterances(request["manifest"], request["utterances"])
     waves = _waves(utterances)
     out = {}
@@ -146,6 +151,9 @@ def _asrkit(request: dict) -> dict:
                     recogniser.find_waveforms(*padded_waveforms(group)).scores.numpy()
 
             out[f"greedy RTF, {per_call} per call"] = _median_time(whole) / seconds
+            emitted = sum(int(tf.reduce_sum(recogniser.find_waveforms(
+                *padded_waveforms(g)).counts[:, 0])) for g in groups)  # fmt: skip
+            out[f"tokens per second of speech, {per_call} per call"] = emitted / seconds
             batches = [featurise(*padded_waveforms(g)) for g in groups]
             encoded = [encode(*b) for b in batches]
             stages = {
@@ -266,6 +274,10 @@ def _asrkit_step(exp: Path, request: dict) -> dict:
 
     out = {"RSS after loading MiB": _rss_mib()}
     config = load_config(exp / "config.yaml")
+    if request.get("precision") == "bfloat16":  # as train.precision mixed_bfloat16 runs
+        import keras
+
+        keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
     model = config.model
     if request.get("dropout", "off") == "off":
         encoder = replace(model.encoder, dropout=0.0, attention_dropout=0.0,
@@ -384,9 +396,15 @@ def _nemo(request: dict) -> dict:
                         encoder_output=e, encoded_lengths=n
                     )
 
-            with torch.inference_mode():
+            with torch.inference_mode(), _autocast(torch, request.get("precision")):
                 whole = _median_time(lambda features=features: search(encoder(features())))
                 out[f"greedy RTF, {per_call} per call"] = whole / seconds
+                emitted = sum(
+                    len(h.y_sequence) for e, n in encoder(features())
+                    for h in model.decoding.rnnt_decoder_predictions_tensor(
+                        encoder_output=e, encoded_lengths=n)
+                )  # fmt: skip
+                out[f"tokens per second of speech, {per_call} per call"] = emitted / seconds
                 feats = features()
                 encoded = encoder(feats)
                 stages = {"features": features, "encoder": lambda feats=feats: encoder(feats),
@@ -486,6 +504,14 @@ def _nemo(request: dict) -> dict:
     return out
 
 
+def _autocast(torch, precision: str | None):
+    """NeMo in bfloat16 as PyTorch offers it on a CPU: autocast (its matrix products and
+    convolutions in bfloat16, weights float32, norms and softmax float32)."""
+    if precision == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
 def _nemo_with_adapters(path: str, dim: int):
     """The model with NeMo's LinearAdapter of `dim` units on its encoder (every block, as
     NeMo's adapter tutorial adds it), enabled, and everything else frozen."""
@@ -543,21 +569,25 @@ def _nemo_step(model, request: dict) -> dict:
     # what trains: every parameter, or (adapters) those unfreeze_enabled_adapters left on
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
 
+    precision = request.get("precision")  # bfloat16: autocast, as Lightning's bf16-mixed
+
     def update():
         optimizer.zero_grad()
-        encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
-        predicted, _, _ = model.decoder(targets=targets, target_length=target_lengths)
-        if model.joint.fuse_loss_wer:
-            loss, _, _, _ = model.joint(
-                encoder_outputs=encoded, decoder_outputs=predicted,
-                encoder_lengths=encoded_lengths, transcripts=targets,
-                transcript_lengths=target_lengths, compute_wer=False,
-            )  # fmt: skip
-        else:
-            joint = model.joint(encoder_outputs=encoded, decoder_outputs=predicted)
-            loss = model.loss(log_probs=joint, targets=targets, input_lengths=encoded_lengths,
-                              target_lengths=target_lengths)  # fmt: skip
-        loss.mean().backward()
+        with _autocast(torch, precision):
+            encoded, encoded_lengths = model.encoder(audio_signal=feats, length=feat_lengths)
+            predicted, _, _ = model.decoder(targets=targets, target_length=target_lengths)
+            if model.joint.fuse_loss_wer:
+                loss, _, _, _ = model.joint(
+                    encoder_outputs=encoded, decoder_outputs=predicted,
+                    encoder_lengths=encoded_lengths, transcripts=targets,
+                    transcript_lengths=target_lengths, compute_wer=False,
+                )  # fmt: skip
+            else:
+                joint = model.joint(encoder_outputs=encoded, decoder_outputs=predicted)
+                loss = model.loss(log_probs=joint, targets=targets,
+                                  input_lengths=encoded_lengths,
+                                  target_lengths=target_lengths)  # fmt: skip
+        loss.float().mean().backward()
         optimizer.step()
 
     update()  # the warm-up: AdamW's slots
@@ -571,8 +601,9 @@ def _nemo_step(model, request: dict) -> dict:
 
     def encoder_pass():  # as asrkit's: the gradient of the encoder output's sum
         optimizer.zero_grad(set_to_none=True)
-        encoded, _ = model.encoder(audio_signal=feats, length=feat_lengths)
-        encoded.sum().backward()
+        with _autocast(torch, precision):
+            encoded, _ = model.encoder(audio_signal=feats, length=feat_lengths)
+        encoded.float().sum().backward()
 
     out["encoder fwd+bwd s"] = timed(encoder_pass, repeats=ROUNDS).median
     out["rest of the update s"] = out["update s"] - out["encoder fwd+bwd s"]
@@ -646,12 +677,13 @@ def _torch_step_peak(update, held: dict) -> int:
     return counter.peak
 
 
-def _run_nemo(nemo_python: str, request: dict) -> dict:
+def _run_nemo(nemo_python: str, request: dict, script: str = __file__) -> dict:
+    """`request` answered by `script` (this tool by default) under NeMo's Python."""
     import subprocess
 
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     proc = subprocess.run(
-        [nemo_python, __file__, "--child-request", json.dumps(request)],
+        [nemo_python, script, "--child-request", json.dumps(request)],
         capture_output=True, text=True, env=env,
     )  # fmt: skip
     if proc.returncode != 0:
@@ -688,6 +720,11 @@ def main() -> None:
                              "block, the rest frozen, on both sides (NeMo: add_adapter, "
                              "freeze, unfreeze_enabled_adapters; asrkit: model.adapters "
                              "kind linear)")  # fmt: skip
+    parser.add_argument("--bfloat16", action="store_true",
+                        help="decode, step: also each side in bfloat16 (decode: asrkit's "
+                             "--precision bfloat16; step: its train.precision "
+                             "mixed_bfloat16; NeMo under PyTorch's CPU autocast, as "
+                             "Lightning's bf16-mixed)")  # fmt: skip
     parser.add_argument("--cap", default="6GiB",
                         help="fit: the process memory cap (e.g. 6GiB, 4096MiB)")  # fmt: skip
     args = parser.parse_args()
@@ -733,20 +770,32 @@ def main() -> None:
         elif task == "step":
             for batch, seconds, labels in shapes:
                 shape = {"batch": batch, "seconds": seconds, "labels": labels}
-                _compare(f"step, {batch} x {seconds:g} s, U = {labels}", args, {
+                requests = {
                     "asrkit": {**base, **shape, "task": task, "side": "asrkit"},
                     "asrkit, oneDNN": {**base, **shape, "task": task, "side": "asrkit",
                                        "env": AS_COMMANDS_RUN},
                     "nemo": {**base, **shape, "task": task, "side": "nemo", "loss": "nemo"},
                     "nemo, vectorised loss": {**base, **shape, "task": task, "side": "nemo",
                                               "loss": "vectorised"},
-                })  # fmt: skip
+                }  # fmt: skip
+                if args.bfloat16:
+                    bf16 = {"precision": "bfloat16"}
+                    requests["asrkit, oneDNN, bfloat16"] = {**requests["asrkit, oneDNN"],
+                                                            **bf16}  # fmt: skip
+                    requests["nemo, vectorised loss, bfloat16"] = {
+                        **requests["nemo, vectorised loss"], **bf16}  # fmt: skip
+                _compare(f"step, {batch} x {seconds:g} s, U = {labels}", args, requests)
         else:
-            _compare(f"{task}", args, {
+            requests = {
                 "asrkit": {**base, "task": task, "side": "asrkit"},
                 "asrkit, oneDNN": {**base, "task": task, "side": "asrkit", "env": AS_COMMANDS_RUN},
                 "nemo": {**base, "task": task, "side": "nemo"},
-            })  # fmt: skip
+            }  # fmt: skip
+            if task == "decode" and args.bfloat16:
+                bf16 = {"precision": "bfloat16"}
+                requests["asrkit, oneDNN, bfloat16"] = {**requests["asrkit, oneDNN"], **bf16}
+                requests["nemo, bfloat16"] = {**requests["nemo"], **bf16}
+            _compare(f"{task}", args, requests)
     scratch.cleanup()
 
 

@@ -8,6 +8,7 @@ import json
 from asrkit.cli.options import (
     add_chunk_argument,
     add_fusion_arguments,
+    add_precision_argument,
     add_search_arguments,
     add_weights_arguments,
     check_before_loading,
@@ -28,6 +29,7 @@ def register(subparsers) -> None:
     add_fusion_arguments(decode)
     add_weights_arguments(decode)
     add_chunk_argument(decode)
+    add_precision_argument(decode)
     decode.add_argument(
         "--normalizer", choices=("none", "basic", "english"), default="basic",
         help="how both texts are normalised before scoring: none (exact), basic (case-folded, "
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from asrkit.experiment import load_experiment
 
     experiment = load_experiment(args.exp_dir, args.checkpoint, args.average, args.chunk_frames,
-                                 config=recorded)  # fmt: skip
+                                 config=recorded, precision=args.precision)  # fmt: skip
     network, config, tokenizer = experiment.network, experiment.config, experiment.tokenizer
     options = search_options(args, config)
     boost = fusion.tables(tokenizer, network.vocab_size, config.decode,

@@ -14,6 +14,19 @@ def add_weights_arguments(parser) -> None:
                        help="average the last N checkpoints")  # fmt: skip
 
 
+def add_precision_argument(parser) -> None:
+    """--precision: what the encoder runs in (whole recordings; not streaming, not exports)."""
+    from asrkit.config import ENCODER_PRECISIONS
+
+    parser.add_argument(
+        "--precision", choices=ENCODER_PRECISIONS, default="float32",
+        help="the encoder's weights and products: bfloat16 runs its matrix products on the "
+             "cores' bfloat16 units (AMX, AVX512-BF16: faster; without them slower) and "
+             "moves its frames by 1-3 %% (tested; a TDT search strays more: compare dev "
+             "WERs first); the predictor, joint and search stay float32",
+    )  # fmt: skip
+
+
 def add_search_arguments(parser, help: str | None = None) -> None:
     parser.add_argument("--method", choices=("greedy", "beam", "ctc"), default="greedy",
                         help=help or "greedy or beam search, or greedy CTC search (a hybrid "

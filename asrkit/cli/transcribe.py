@@ -11,6 +11,7 @@ from pathlib import Path
 from asrkit.cli.options import (
     add_chunk_argument,
     add_fusion_arguments,
+    add_precision_argument,
     add_search_arguments,
     add_weights_arguments,
     check_before_loading,
@@ -38,6 +39,7 @@ def register(subparsers) -> None:
     add_fusion_arguments(transcribe)
     add_weights_arguments(transcribe)
     add_chunk_argument(transcribe)
+    add_precision_argument(transcribe)
     transcribe.add_argument(
         "--format", choices=("text", "json", "srt"), default="text",
         help="text: FILE<TAB>TEXT lines; json: one JSON object per file (text, words with "
@@ -74,6 +76,11 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.nbest < 0:
         raise InputError(f"--nbest must be >= 0, got {args.nbest}")
+    if args.precision != "float32" and (args.model or args.streaming):
+        raise InputError(
+            f"--precision {args.precision}: with --exp-dir on whole recordings (an export "
+            "and --streaming run the encoder in float32)"
+        )
     if args.model:
         _check_export_options(args)
     else:
@@ -231,7 +238,7 @@ def _experiment_recogniser(args, fusion, recorded, windowing):
 
     experiment = load_experiment(
         args.exp_dir, args.checkpoint, args.average, chunk_frames=args.chunk_frames,
-        config=recorded,
+        config=recorded, precision=args.precision,
     )  # fmt: skip
     config = experiment.config
     options = search_options(args, config)

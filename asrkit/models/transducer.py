@@ -13,8 +13,15 @@ import dataclasses
 
 import keras
 import numpy as np
+import tensorflow as tf
 
-from asrkit.config import AdaptersConfig, EncoderConfig, ModelConfig, PredictorConfig
+from asrkit.config import (
+    ENCODER_PRECISIONS,
+    AdaptersConfig,
+    EncoderConfig,
+    ModelConfig,
+    PredictorConfig,
+)
 from asrkit.models.conformer import ENCODER_OPTIONS, ConformerEncoder
 from asrkit.models.encoder import Encoder
 from asrkit.models.joint import Joint
@@ -46,7 +53,18 @@ def build_encoder(config: EncoderConfig, adapter_dim: int = 0) -> Encoder:
 
 @keras.saving.register_keras_serializable(package="asrkit")
 class Transducer(keras.Model):
-    def __init__(self, vocab_size: int, config: ModelConfig | dict | None = None, **kwargs):
+    def __init__(
+        self, vocab_size: int, config: ModelConfig | dict | None = None,
+        encoder_precision: str | None = None, **kwargs,
+    ):  # fmt: skip
+        """`encoder_precision` (inference only, `ENCODER_PRECISIONS`): the encoder's weights
+        and arithmetic in bfloat16 instead of the dtype policy's. Its matrix products then
+        run on the cores' bfloat16 units (AMX, AVX512-BF16) and its weights take half the
+        memory; float32 weights assigned to it are rounded once. The norms' statistics, the
+        attention's softmax and the depthwise convolution stay float32, and the frames
+        leave as float32 (`encode`), so the predictor, the joint and the search are as
+        they were. Not for training: mixed precision (`train.precision`) keeps float32
+        master weights."""
         super().__init__(**kwargs)
         if config is None:
             config = ModelConfig()
@@ -54,9 +72,19 @@ class Transducer(keras.Model):
             config = model_config_from_dict(config)
         self.vocab_size, self.config = int(vocab_size), config
         adapters = config.adapters
-        self.encoder = build_encoder(
-            config.encoder, adapters.dim if adapters.kind == "linear" else 0
-        )
+        if encoder_precision not in (None, *ENCODER_PRECISIONS):
+            raise ValueError(
+                f"encoder precision must be one of {ENCODER_PRECISIONS}, got {encoder_precision!r}"
+            )
+        previous = keras.mixed_precision.dtype_policy()
+        if encoder_precision:
+            keras.mixed_precision.set_dtype_policy(encoder_precision)
+        try:
+            self.encoder = build_encoder(
+                config.encoder, adapters.dim if adapters.kind == "linear" else 0
+            )
+        finally:
+            keras.mixed_precision.set_dtype_policy(previous)
         self.predictor = build_predictor(vocab_size, config.predictor, config.torch_biases)
         self.joint = Joint(
             vocab_size=vocab_size, dim=config.joint_dim, activation=config.joint_activation,
@@ -70,10 +98,18 @@ class Transducer(keras.Model):
 
     def encode(self, features, feature_lengths, training=False, chunk_frames=None):
         """features [B, T, F] -> (encoder frames [B, T', D], encoder_lengths [B]).
-        `chunk_frames` (Conformer): this call's chunk size instead of the configured one."""
+        `chunk_frames` (Conformer): this call's chunk size instead of the configured one.
+        The frames leave in the joint's compute dtype (an encoder of another precision
+        hands float32 frames on)."""
         if chunk_frames is None:
-            return self.encoder(features, feature_lengths, training=training)
-        return self.encoder(features, feature_lengths, training=training, chunk_frames=chunk_frames)
+            encoded, lengths = self.encoder(features, feature_lengths, training=training)
+        else:
+            encoded, lengths = self.encoder(
+                features, feature_lengths, training=training, chunk_frames=chunk_frames
+            )
+        if self.encoder.compute_dtype != self.joint.compute_dtype:
+            encoded = tf.cast(encoded, self.joint.compute_dtype)
+        return encoded, lengths
 
     def predict_labels(self, labels, training=False):
         """labels [B, U] -> predictor states [B, U+1, D]. (Not `predict`: that is

@@ -325,6 +325,30 @@ def test_the_largest_micro_batch_search_is_the_brute_force_answer(per_utterance,
         bench_vs_nemo._parse_cap("lots")
 
 
+def test_the_archives_emission_manifest_is_read_as_asrkit_or_nemo_writes_it(
+    tmp_path, monkeypatch, capsys
+):
+    """make_nemo_published's `--emit-like` manifest: asrkit's (`audio_path`) and NeMo's
+    (`audio_filepath`) rows, relative paths from the manifest's directory, blank lines
+    skipped; a row without audio or text refused naming its line, exit code 2."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import make_nemo_published
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(
+        json.dumps({"audio_path": "a.flac", "text": "ONE"}) + "\n\n"
+        + json.dumps({"audio_filepath": "/data/b.wav", "text": "two three"}) + "\n"
+    )  # fmt: skip
+    rows = make_nemo_published._manifest_audio(manifest)
+    assert rows == [(str((tmp_path / "a.flac").resolve()), "ONE"), ("/data/b.wav", "two three")]
+    manifest.write_text(json.dumps({"audio_path": "a.flac", "text": "x"}) + "\n"
+                        + json.dumps({"audio_path": "b.flac"}) + "\n")  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        make_nemo_published._manifest_audio(manifest)
+    assert stop.value.code == 2
+    assert f"{manifest}:2: wants audio_path" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_bench_boosting_prints_recall_wer_false_alarms_and_time(tiny_experiment, tmp_path):
     """A boost list of a word the first reference says and a distractor: the counts it
