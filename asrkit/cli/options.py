@@ -105,12 +105,20 @@ def search_options(args: argparse.Namespace, config):
 
 def check_before_loading(args: argparse.Namespace, config, fusion=None) -> None:
     """What an experiment's recorded config and tokenizer answer before TensorFlow and the
-    model load: the search method against its network, `--chunk-frames`/`--lookahead-frames`
-    against its training, and `fusion`'s LMs (a ReadFusion) against its pieces."""
+    model load: the search method against its network, `--precision` against its encoder,
+    `--chunk-frames`/`--lookahead-frames` against its training, and `fusion`'s LMs (a
+    ReadFusion) against its pieces."""
     from asrkit.decoding.search.strategies import check
+    from asrkit.errors import InputError
     from asrkit.experiment import check_chunk_override
 
     check(args.method, config.model, streaming=getattr(args, "streaming", False))
+    precision, encoder = getattr(args, "precision", "float32"), config.model.encoder.kind
+    if precision != "float32" and encoder != "conformer":
+        raise InputError(
+            f"--precision {precision}: runs a Conformer encoder; this model's is {encoder} "
+            "(decode it in float32)"
+        )
     if getattr(args, "chunk_frames", None) is not None:
         check_chunk_override(config, args.chunk_frames)
     if fusion is not None and fusion.lms:

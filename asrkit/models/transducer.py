@@ -76,6 +76,8 @@ class Transducer(keras.Model):
             raise ValueError(
                 f"encoder precision must be one of {ENCODER_PRECISIONS}, got {encoder_precision!r}"
             )
+        if encoder_precision == "bfloat16" and config.encoder.kind != "conformer":
+            raise ValueError(f"a bfloat16 encoder is a Conformer (not {config.encoder.kind})")
         previous = keras.mixed_precision.dtype_policy()
         if encoder_precision:
             keras.mixed_precision.set_dtype_policy(encoder_precision)

@@ -369,9 +369,10 @@ def test_a_worker_whose_chief_never_comes_stops_in_one_line_and_leaves_nothing(t
 
 
 def test_what_an_experiments_files_answer_is_refused_before_tensorflow_loads(tmp_path):
-    """--method ctc without a CTC head, a look-ahead the model was not trained with, an LM
-    over words instead of the model's pieces and a bad phrase list: each refused in one line
-    from the recorded config and tokenizer, by a process that never imported TensorFlow."""
+    """--method ctc without a CTC head, bfloat16 for an LSTM encoder, a look-ahead the model
+    was not trained with, an LM over words instead of the model's pieces and a bad phrase
+    list: each refused in one line from the recorded config and tokenizer, by a process
+    that never imported TensorFlow."""
     from asrkit.importers.nemo_model import import_nemo
 
     exp = tmp_path / "stream"
@@ -385,8 +386,16 @@ def test_what_an_experiments_files_answer_is_refused_before_tensorflow_loads(tmp
     phrases = tmp_path / "boost.txt"
     phrases.write_text("kubernetes\tmany\n")
     decode = ["decode", "--exp-dir", str(exp), "--manifest", str(manifest)]
+    lstm = tmp_path / "lstm"
+    lstm.mkdir()
+    (lstm / "config.yaml").write_text(json.dumps({
+        "schema": SCHEMA_VERSION, "data": {"tokenizer": "tok"},
+        "model": {"encoder": {"kind": "lstm"}},
+    }))  # fmt: skip
     cases = [
         ([*decode, "--method", "ctc"], "has no CTC head"),
+        (["decode", "--exp-dir", str(lstm), "--manifest", str(manifest), "--precision",
+          "bfloat16"], "--precision bfloat16: runs a Conformer encoder; this model's is lstm"),
         (["transcribe", "--exp-dir", str(exp), "--lookahead-frames", "5", str(CLIP)],
          "trained with the look-aheads [3, 7, 1, 0]"),
         ([*decode, "--lm", str(words)], "2 of the LM's 2 words are not pieces of this model"),

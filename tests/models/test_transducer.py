@@ -66,6 +66,9 @@ def test_a_bfloat16_encoder_holds_the_float32_weights_rounded_once():
         assert 1e-4 < relative < 2e-2, relative
 
 
-def test_an_unknown_encoder_precision_is_refused():
+def test_an_unknown_encoder_precision_and_a_bfloat16_lstm_are_refused():
     with pytest.raises(ValueError, match="encoder precision must be one of"):
         _network("float16")
+    lstm = ModelConfig(encoder=EncoderConfig(kind="lstm", lstm_units=16, lstm_layers=1))
+    with pytest.raises(ValueError, match="a bfloat16 encoder is a Conformer"):
+        Transducer(17, lstm, encoder_precision="bfloat16")
