@@ -325,6 +325,27 @@ def test_the_largest_micro_batch_search_is_the_brute_force_answer(per_utterance,
         bench_vs_nemo._parse_cap("lots")
 
 
+@pytest.mark.parametrize(("kernel", "kind"), [
+    ("_MklMatMul", "matrix products"), ("_MklEinsum", "matrix products"),
+    ("aten::addmm", "matrix products"), ("aten::mm", "matrix products"),
+    ("aten::bmm", "matrix products"), ("_MklNativeFusedConv2D", "convolutions"),
+    ("_MklNativeDepthwiseConv2dNative", "convolutions"),
+    ("aten::mkldnn_convolution", "convolutions"), ("aten::native_layer_norm", "norms"),
+    ("_MklLayerNorm", "norms"), ("_MklNativeFusedBatchNormV3", "norms"),
+    ("_MklSoftmax", "softmax"), ("aten::_softmax", "softmax"), ("Cast", "casts and copies"),
+    ("aten::copy_", "casts and copies"), ("Pad", "layout"), ("_MklTranspose", "layout"),
+    ("Pack", "layout"), ("SelectV2", "elementwise"), ("_MklSwish", "elementwise"),
+    ("aten::silu", "elementwise"), ("AddV2", "elementwise"),
+])  # fmt: skip
+def test_profile_encoder_sorts_both_sides_kernels_into_the_same_kinds(kernel, kind, monkeypatch):
+    """profile_encoder's table puts TensorFlow's and PyTorch's kernels of one kind in one
+    row: a product, a convolution, a norm, a softmax, a cast, a layout change, the rest."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    import profile_encoder
+
+    assert profile_encoder._kind(kernel) == kind
+
+
 def test_the_archives_emission_manifest_is_read_as_asrkit_or_nemo_writes_it(
     tmp_path, monkeypatch, capsys
 ):
