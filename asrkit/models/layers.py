@@ -3,6 +3,8 @@ dropout whose masks are a function of an explicit seed (so a recomputed block re
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -10,6 +12,19 @@ import tensorflow as tf
 # CPU kernels of their gradients are several times slower than in float32, and they are a
 # sliver of a Conformer's products (tools/bench_throughput.py).
 DEPTHWISE_DTYPE = "float32"
+
+
+@contextlib.contextmanager
+def dtype_policy(policy: str | None):
+    """Keras' global dtype policy set to `policy` (None: left as it is) while the layers
+    that take it are made, then set back."""
+    previous = keras.mixed_precision.dtype_policy()
+    if policy:
+        keras.mixed_precision.set_dtype_policy(policy)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
 
 
 class CompositeLayer(keras.layers.Layer):

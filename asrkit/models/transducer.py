@@ -25,6 +25,7 @@ from asrkit.config import (
 from asrkit.models.conformer import ENCODER_OPTIONS, ConformerEncoder
 from asrkit.models.encoder import Encoder
 from asrkit.models.joint import Joint
+from asrkit.models.layers import dtype_policy
 from asrkit.models.lstm_encoder import LSTMEncoder
 from asrkit.models.predictor import build_predictor
 
@@ -78,15 +79,10 @@ class Transducer(keras.Model):
             )
         if encoder_precision == "bfloat16" and config.encoder.kind != "conformer":
             raise ValueError(f"a bfloat16 encoder is a Conformer (not {config.encoder.kind})")
-        previous = keras.mixed_precision.dtype_policy()
-        if encoder_precision:
-            keras.mixed_precision.set_dtype_policy(encoder_precision)
-        try:
+        with dtype_policy(encoder_precision):
             self.encoder = build_encoder(
                 config.encoder, adapters.dim if adapters.kind == "linear" else 0
             )
-        finally:
-            keras.mixed_precision.set_dtype_policy(previous)
         self.predictor = build_predictor(vocab_size, config.predictor, config.torch_biases)
         self.joint = Joint(
             vocab_size=vocab_size, dim=config.joint_dim, activation=config.joint_activation,

@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from asrkit.config import ConfigError, ExperimentConfig
+from asrkit.models.layers import dtype_policy
 from asrkit.models.transducer import Transducer
 from asrkit.training.adapting import apply_adapters
 from asrkit.training.optimizers import build_optimizer
@@ -98,13 +99,9 @@ def build_task(
 @contextlib.contextmanager
 def process_settings(config: ExperimentConfig):
     """Seeds the random generators and sets the dtype policy for the duration of a run."""
-    previous = keras.mixed_precision.dtype_policy()
     keras.utils.set_random_seed(config.train.seed)
-    keras.mixed_precision.set_dtype_policy(config.train.precision)
-    try:
+    with dtype_policy(config.train.precision):
         yield
-    finally:
-        keras.mixed_precision.set_dtype_policy(previous)
 
 
 def check_trainable(config: ExperimentConfig) -> None:
