@@ -691,14 +691,27 @@ def _run_nemo(nemo_python: str, request: dict, script: str = __file__) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def add_nemo_arguments(parser) -> None:
+    """--nemo-python and --nemo-model: the NeMo side of a comparison."""
+    parser.add_argument("--nemo-python", required=True, help="the Python of a venv with NeMo")
+    parser.add_argument("--nemo-model", required=True, help="a NeMo Conformer-Transducer .nemo")
+
+
+def check_nemo_arguments(args, refuse) -> None:
+    """`refuse`s (one line, exit 2) a --nemo-python that cannot run or a missing model."""
+    if not os.access(args.nemo_python, os.X_OK):
+        refuse(f"--nemo-python {args.nemo_python}: not an executable")
+    if not Path(args.nemo_model).is_file():
+        refuse(f"--nemo-model {args.nemo_model}: no such file")
+
+
 def main() -> None:
     request = child_request()
     if request is not None:
         reply(_nemo(request) if request["side"] == "nemo" else _asrkit(request))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nemo-python", required=True, help="the Python of a venv with NeMo")
-    parser.add_argument("--nemo-model", required=True, help="a NeMo Conformer-Transducer .nemo")
+    add_nemo_arguments(parser)
     parser.add_argument("--manifest", help="asrkit manifest (.jsonl) of audio (not for step)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--utterances", type=int, default=64)
@@ -728,10 +741,7 @@ def main() -> None:
     parser.add_argument("--cap", default="6GiB",
                         help="fit: the process memory cap (e.g. 6GiB, 4096MiB)")  # fmt: skip
     args = parser.parse_args()
-    if not os.access(args.nemo_python, os.X_OK):
-        _refuse(f"--nemo-python {args.nemo_python}: not an executable")
-    if not Path(args.nemo_model).is_file():
-        _refuse(f"--nemo-model {args.nemo_model}: no such file")
+    check_nemo_arguments(args, _refuse)
     if set(args.tasks) - {"step", "fit"} and not (args.manifest and Path(args.manifest).is_file()):
         _refuse(f"--manifest {args.manifest}: no such file (decode, loss and train read it)")
     if "boost" in args.tasks and not (args.boost and Path(args.boost).is_file()):

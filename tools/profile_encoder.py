@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
-import os
 import re
 import sys
 import tempfile
@@ -161,20 +160,17 @@ def main() -> None:
     if request is not None:
         reply(_nemo(request) if request["side"] == "nemo" else _asrkit(request))
         return
+    from bench_vs_nemo import _imported, _run_nemo, add_nemo_arguments, check_nemo_arguments
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nemo-python", required=True, help="the Python of a venv with NeMo")
-    parser.add_argument("--nemo-model", required=True, help="a NeMo Conformer-Transducer .nemo")
+    add_nemo_arguments(parser)
     parser.add_argument("--shapes", default="1x3.5,16x3.5",
                         help="UTTERANCESxSECONDS[,...] of random features")  # fmt: skip
     parser.add_argument("--precision", nargs="+", default=["float32", "bfloat16"],
                         choices=["float32", "bfloat16"])  # fmt: skip
     args = parser.parse_args()
-    if not os.access(args.nemo_python, os.X_OK):
-        _refuse(f"--nemo-python {args.nemo_python}: not an executable")
-    if not Path(args.nemo_model).is_file():
-        _refuse(f"--nemo-model {args.nemo_model}: no such file")
+    check_nemo_arguments(args, _refuse)
     shapes = [_shape(text) for text in args.shapes.split(",")]
-    from bench_vs_nemo import _imported, _run_nemo
 
     with tempfile.TemporaryDirectory() as scratch:
         exp = _imported(args.nemo_model, Path(scratch) / "exp")
